@@ -1,0 +1,1 @@
+"""ftexp: fault-tolerance experiments for RL training (plain DP baseline vs fault-tolerant cells)."""

@@ -1,0 +1,88 @@
+"""Tensor dumps in the file format of sglang's tensor dumper.
+
+One file per tensor: ``torch.save({"value": tensor, "meta": {...}})`` at
+``<leaf>/step=<s>___rank=<r>___dump_index=<i>___name=<n>[___<key>=<value>...].pt``.
+The comparator of the miles ecosystem reads this format; we write it with plain torch.
+
+Per training rollout the trainer writes one leaf dir ``dumps/fwd_bwd/rollout_<id>/`` holding
+every weight (``weight__<param>``) and gradient (``grad__<param>``) taken after the cross-cell
+reduce and before the optimizer step. Files carry the parallel coordinates (``pp``, ``tp``,
+``cp``, ``ep``) so that runs with different data-parallel layouts match tensor by tensor; the
+keys ``rank``, ``dp``, ``edp``, ``dump_index`` and ``filename`` are ignored when matching.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+FIELD_SEP = "___"
+# Tensor names may not contain the field separator, '=' or a path separator.
+_BAD_NAME = re.compile(r"___|=|/")
+
+
+def dump_file_name(meta: dict[str, Any]) -> str:
+    head = [f"{k}={meta[k]}" for k in ("step", "rank", "dump_index", "name")]
+    tail = [f"{k}={v}" for k, v in meta.items() if k not in ("step", "rank", "dump_index", "name")]
+    return FIELD_SEP.join(head + tail) + ".pt"
+
+
+def write_dump(leaf_dir: str | Path, name: str, tensor: torch.Tensor, *, step: int, rank: int,
+               dump_index: int, **tags: Any) -> Path:
+    """Write one tensor dump; ``tags`` are extra metadata such as pp/tp/cp/ep coordinates."""
+    if _BAD_NAME.search(name):
+        raise ValueError(f"tensor name {name!r} may not contain '___', '=' or '/'")
+    meta = {"step": step, "rank": rank, "dump_index": dump_index, "name": name, **tags}
+    path = Path(leaf_dir) / dump_file_name(meta)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save({"value": tensor.detach().cpu().clone(), "meta": meta}, tmp)
+    tmp.replace(path)  # never leave a half-written .pt that could be read as a dump
+    return path
+
+
+@dataclass(frozen=True)
+class DumpFile:
+    path: Path
+    meta: dict[str, str]  # parsed from the file name; values are strings
+
+    @property
+    def name(self) -> str:
+        return self.meta["name"]
+
+
+def parse_dump_file_name(filename: str) -> dict[str, str]:
+    """``step=0___rank=1___...___name=x.pt`` -> {"step": "0", "rank": "1", ..., "name": "x"}."""
+    if not filename.endswith(".pt"):
+        raise ValueError(f"not a dump file: {filename}")
+    meta: dict[str, str] = {}
+    for field in filename[: -len(".pt")].split(FIELD_SEP):
+        key, sep, value = field.partition("=")
+        if not sep or not key:
+            raise ValueError(f"malformed dump file name {filename!r} (field {field!r})")
+        meta[key] = value
+    for required in ("step", "rank", "dump_index", "name"):
+        if required not in meta:
+            raise ValueError(f"dump file name {filename!r} lacks {required!r}")
+    return meta
+
+
+def list_dump_files(leaf_dir: str | Path) -> list[DumpFile]:
+    """The dump files directly inside one leaf dir, sorted by file name."""
+    leaf = Path(leaf_dir)
+    return [DumpFile(p, parse_dump_file_name(p.name)) for p in sorted(leaf.glob("*.pt"))]
+
+
+def load_dump(path: str | Path) -> torch.Tensor:
+    """Load one dump's tensor; raises ValueError on a corrupt or foreign file."""
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises many types for truncated/corrupt files
+        raise ValueError(f"corrupt dump file {path}: {type(e).__name__}: {e}") from e
+    if not isinstance(obj, dict) or not isinstance(obj.get("value"), torch.Tensor):
+        raise ValueError(f"{path} is not a tensor dump (expected a dict with a 'value' tensor)")
+    return obj["value"]

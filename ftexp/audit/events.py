@@ -1,0 +1,185 @@
+"""Typed events: the run's audit trail.
+
+Every process of a training job (the driver, each cell's actors, each plain-DP rank) appends
+JSON lines to its own file ``<events_dir>/<process>.jsonl``. Each line is one event with a
+``type`` discriminator, the emitting process (``source``) and a UTC ``timestamp``. The
+verifier reads these files back to prove what happened: which steps committed, which cells
+were shrunk out or healed, which metrics were logged.
+
+Writing re-opens the file in append mode for every event, so the directory can be swapped
+(checkpoint restore) between two events without a stale handle.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import datetime as _dt
+import json
+import logging
+import threading
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+log = logging.getLogger(__name__)
+
+
+class ProcessIdentity(BaseModel):
+    """Who wrote an event: ``main`` (driver), ``actor`` (a cell's rank) or ``dp`` (a plain-DP rank)."""
+
+    model_config = ConfigDict(extra="forbid")
+    component: Literal["main", "actor", "dp"]
+    cell_index: int | None = None
+    rank_within_cell: int | None = None
+
+    @property
+    def process_name(self) -> str:
+        if self.component == "actor":
+            return f"actor_cell{self.cell_index}_rank{self.rank_within_cell}"
+        if self.component == "dp":
+            return f"dp_rank{self.rank_within_cell}"
+        return "main"
+
+
+class _Event(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    timestamp: _dt.datetime = Field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc))
+    source: ProcessIdentity = Field(default_factory=lambda: ProcessIdentity(component="main"))
+
+
+class MetricEvent(_Event):
+    type: Literal["metric"] = "metric"
+    rollout_id: int | None = None
+    attempt: int | None = None
+    metrics: dict[str, Any]
+
+
+class CellReconfigureEvent(_Event):
+    type: Literal["cell_reconfigure"] = "cell_reconfigure"
+    rollout_id: int
+    quorum_id: int
+    src_cell_index: int | None
+    healed_cell_indices: list[int]
+    alive_cell_indices_after: list[int]
+    # Heal timings (seconds) and bytes, for the report; empty for a pure shrink.
+    timings: dict[str, float] = Field(default_factory=dict)
+    bytes_transferred: int = 0
+
+
+class TrainGroupStepEndEvent(_Event):
+    type: Literal["train_group_step_end"] = "train_group_step_end"
+    rollout_id: int
+    attempt: int = 0
+    # cell_index -> "error" | per-actor outcomes ("normal" | "discarded_should_retry")
+    cell_outcomes: dict[int, Union[Literal["error"], list[Literal["normal", "discarded_should_retry"]]]]
+
+
+class TrainEngineLocalWeightChecksumEvent(_Event):
+    type: Literal["train_engine_local_weight_checksum"] = "train_engine_local_weight_checksum"
+    rollout_id: int
+    attempt: int = 0
+    # {"param_hashes": {name: sha256}, "optimizer_hashes": {...}, ...}
+    state: dict[str, Any]
+
+
+class WitnessAllocateIdEvent(_Event):
+    type: Literal["witness_allocate_id"] = "witness_allocate_id"
+    rollout_id: int
+    attempt: int
+    witness_id_to_sample_index: dict[int, int]
+    counter_after: int
+
+
+class FaultInjectedEvent(_Event):
+    """Positive proof that a planned fault fired (written by the process just before it dies)."""
+
+    type: Literal["fault_injected"] = "fault_injected"
+    rollout_id: int | None = None
+    attempt: int | None = None
+    action: str
+    cell_index: int | None = None
+    rank: int | None = None
+
+
+Event = Annotated[
+    Union[
+        MetricEvent,
+        CellReconfigureEvent,
+        TrainGroupStepEndEvent,
+        TrainEngineLocalWeightChecksumEvent,
+        WitnessAllocateIdEvent,
+        FaultInjectedEvent,
+    ],
+    Field(discriminator="type"),
+]
+_EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
+
+
+class EventLogger:
+    """Appends events of one process to ``<events_dir>/<process_name>.jsonl``.
+
+    ``context(**fields)`` scopes fields (e.g. rollout_id, attempt) that are filled into every
+    event logged inside it that has such a field and did not set it explicitly.
+    """
+
+    def __init__(self, events_dir: str | Path, source: ProcessIdentity):
+        self.events_dir = Path(events_dir)
+        self.source = source
+        self._lock = threading.Lock()
+        self._context: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar(
+            f"ftexp_event_ctx_{id(self)}", default={}
+        )
+
+    @property
+    def path(self) -> Path:
+        return self.events_dir / f"{self.source.process_name}.jsonl"
+
+    @contextlib.contextmanager
+    def context(self, **fields: Any):
+        token = self._context.set({**self._context.get(), **fields})
+        try:
+            yield
+        finally:
+            self._context.reset(token)
+
+    def log(self, event: _Event) -> _Event:
+        explicit = event.model_fields_set
+        updates = {k: v for k, v in self._context.get().items() if k in type(event).model_fields and k not in explicit}
+        if "source" not in explicit:
+            updates["source"] = self.source
+        event = event.model_copy(update=updates)
+        line = event.model_dump_json()
+        with self._lock:
+            self.events_dir.mkdir(parents=True, exist_ok=True)
+            with open(self.path, "a") as f:
+                f.write(line + "\n")
+        return event
+
+
+def parse_event(line: str) -> Event:
+    return _EVENT_ADAPTER.validate_json(line)
+
+
+def read_events(events_dir: str | Path, *, strict: bool = True) -> list[Event]:
+    """All events under ``events_dir`` (``**/*.jsonl`` sorted by path, then line order).
+
+    ``strict`` (the verifier's default) raises on an unparseable line: a corrupt audit trail
+    must not read as an empty or passing one. A missing directory yields ``[]``.
+    """
+    root = Path(events_dir)
+    events: list[Event] = []
+    if not root.is_dir():
+        return events
+    for path in sorted(root.glob("**/*.jsonl")):
+        for lineno, line in enumerate(path.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                events.append(parse_event(line))
+            except (ValidationError, json.JSONDecodeError) as e:
+                if strict:
+                    raise ValueError(f"{path}:{lineno}: not a valid event: {e.errors()[0]['msg'] if isinstance(e, ValidationError) else e}") from e
+                log.warning("skipping unparseable event %s:%d", path, lineno)
+    return events

@@ -1,0 +1,3 @@
+from ftexp.cli import main
+
+main()

@@ -1,0 +1,100 @@
+"""``python -m ftexp``: the Hydra entry point.
+
+Exit codes: 0 = the scenario's assertions held, 1 = an assertion failed (report.md says which),
+2 = bad configuration or input (one line on stderr, nothing launched).
+
+Hydra reports composition errors (typo'd key, unknown mode) as multi-line text with exit code 1,
+so the overrides are composed once up front with Hydra's compose API: any error there becomes one
+line and exit code 2, and only a valid config reaches ``hydra.main``.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from ftexp.config import ExperimentConfig, Stage, register_configs, validate
+from ftexp.errors import InputError
+
+log = logging.getLogger("ftexp")
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+
+
+def _fail_bad_input(message: str) -> None:
+    print(f"ftexp: error: {message}", file=sys.stderr)
+    sys.exit(EXIT_BAD_INPUT)
+
+
+def _one_line(exc: BaseException) -> str:
+    """Hydra/OmegaConf errors span several lines; keep what a user needs on one."""
+    text = str(exc)
+    missing = re.search(r"Could not find '(\w+)/([^']+)'", text)
+    if missing:
+        group, name = missing.groups()
+        options = re.findall(r"^\t(\S+)$", text, flags=re.M)
+        return f"unknown {group} '{name}'" + (f" (available: {', '.join(options)})" if options else "")
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith(("full_key", "object_type", "reference_type"))]
+    return " — ".join(lines[:2]) or type(exc).__name__
+
+
+def _precompose(overrides: list[str]) -> None:
+    """Compose the config once and validate it; exit 2 with one line on any error."""
+    from hydra import compose, initialize_config_module
+
+    try:
+        with initialize_config_module(config_module="ftexp.conf", version_base="1.3"):
+            cfg = compose(config_name="config", overrides=overrides)
+        to_config(cfg)
+    except InputError as e:
+        _fail_bad_input(str(e))
+    except Exception as e:  # Hydra/OmegaConf raise a zoo of types for bad overrides
+        _fail_bad_input(_one_line(e))
+
+
+def to_config(cfg: DictConfig) -> ExperimentConfig:
+    """DictConfig → validated dataclass tree. Unknown top-level keys (``+key=value``) are refused."""
+    known = set(ExperimentConfig.__dataclass_fields__) - {"defaults"} | {"hydra"}
+    unknown = sorted(set(cfg.keys()) - known)
+    if unknown:
+        raise InputError(f"unknown config key(s): {', '.join(unknown)}")
+    exp: ExperimentConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
+    validate(exp)
+    return exp
+
+
+@hydra.main(config_path="conf", config_name="config", version_base="1.3")
+def _hydra_main(cfg: DictConfig) -> None:
+    from ftexp import pipeline
+
+    try:
+        exp = to_config(cfg)
+        if exp.run_dir:
+            run_dir = Path(exp.run_dir)
+            if exp.stage == Stage.compare and not run_dir.is_dir():
+                raise InputError(f"run_dir {run_dir} does not exist")
+        else:
+            run_dir = Path(HydraConfig.get().runtime.output_dir)
+        code = pipeline.run_stage(exp, run_dir)
+    except InputError as e:
+        _fail_bad_input(str(e))
+    sys.exit(code)
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(name)s: %(message)s", datefmt="%H:%M:%S")
+    register_configs()
+    args = sys.argv[1:]
+    hydra_flags = [a for a in args if a.startswith("-")]
+    if not hydra_flags:  # plain overrides: check them before Hydra sets anything up
+        _precompose([a for a in args if not a.startswith("hydra")])
+    _hydra_main()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,225 @@
+"""Structured configs: the schema behind every Hydra config group.
+
+Hydra composes ``ftexp/conf/config.yaml`` + the chosen ``mode/``, ``scenario/``, ``threshold/``,
+``trainer/``, ``launcher/`` and ``tracking/`` files onto these dataclasses, so a typo'd key or a
+value of the wrong type fails at compose time. Checks that span groups (can this engine run this
+mode? do the predicates parse?) live in :func:`validate`.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+from ftexp.errors import InputError
+from ftexp.trainer.model import ModelConfig
+from ftexp.trainer.rollout_data import RolloutConfig
+
+
+class Stage(enum.Enum):
+    run = "run"            # prepare → baseline/target per phase → compare
+    prepare = "prepare"    # record the rollout data only
+    baseline = "baseline"  # one side only (debugging); honours `phase=`
+    target = "target"
+    compare = "compare"    # re-verify an existing run_dir, no training
+
+
+class Engine(enum.Enum):
+    torch = "torch"        # builtin tiny GPT, one rank per cell
+    megatron = "megatron"  # megatron-core TP/PP/CP/EP cells (not built yet)
+
+
+@dataclass
+class ModeConfig:
+    """A parallel layout from the seed table (or a CPU mode): what one experiment runs on."""
+
+    name: str = MISSING
+    description: str = ""
+    num_cells: int = MISSING          # independent-DP cells in the target (= DP size of the baseline)
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    etp: int = 1
+    sequence_parallel: bool = False
+    decoder_first_pipeline_num_layers: Optional[int] = None
+    decoder_last_pipeline_num_layers: Optional[int] = None
+    nodes: int = 1
+    train_gpus_per_node: int = 0      # 0: a CPU mode
+    rollout_num_engines: int = 0      # > 0: real rollout engines instead of recorded data
+    rollout_gpus_per_engine: int = 0
+    colocate: bool = False
+    ft_components: list[str] = field(default_factory=lambda: ["train"])
+    model_preset: str = "tiny_dense"  # CPU-scale stand-in for reference_model
+    reference_model: str = ""         # the model the seed runs on GPUs
+    engines: list[Engine] = field(default_factory=lambda: [Engine.torch])  # engines able to run it
+
+    @property
+    def ranks_per_cell(self) -> int:
+        return self.tp * self.pp * self.cp
+
+
+class TestActionKind(enum.Enum):
+    crash_before_allreduce = "crash_before_allreduce"  # actor-level: exit hard before the reduce
+    stop_cell_at_end = "stop_cell_at_end"              # group-level, after the rollout commits
+    start_cell_at_end = "start_cell_at_end"
+
+
+@dataclass
+class TestAction:
+    """One planned fault (spec §8.1). ``cell_index`` -1 means the last cell."""
+
+    __test__ = False  # not a pytest class
+    at_rollout: int = MISSING
+    action: TestActionKind = MISSING
+    cell_index: int = -1
+    rank: int = 0
+    attempt: int = 0
+
+
+@dataclass
+class PhaseConfig:
+    """One training run per side. Multi-phase scenarios resume a later phase from an earlier one."""
+
+    name: str = ""                        # "" for single-phase scenarios
+    load_from: Optional[str] = None       # resume from this earlier phase's checkpoint
+    save_interval: Optional[int] = None   # checkpoint every k rollouts (and at the last one)
+    exit_after_rollouts: Optional[int] = None  # stop after K rollouts of this run
+    target_actions: list[TestAction] = field(default_factory=list)
+
+
+@dataclass
+class ScenarioConfig:
+    name: str = MISSING
+    num_rollout: int = MISSING            # exclusive end rollout id
+    deterministic: bool = False           # fixed-order reductions + deterministic kernels
+    phases: list[PhaseConfig] = field(default_factory=lambda: [PhaseConfig()])
+
+
+@dataclass
+class MetricThreshold:
+    prefixes: list[str] = MISSING
+    rtol: float = MISSING
+    atol: float = 0.0
+    exclude: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ThresholdConfig:
+    """How close the target must be to the baseline. ``dumps`` is an ordered [regex, predicate] list."""
+
+    name: str = MISSING
+    dumps: list[list[str]] = MISSING
+    metrics: list[MetricThreshold] = MISSING
+    exclude_pattern: Optional[str] = ".*witness.*"
+    allow_skipped_pattern: Optional[str] = None
+    allow_failed_pattern: Optional[str] = None
+
+
+@dataclass
+class TrainerConfig:
+    engine: Engine = Engine.torch
+    model: ModelConfig = field(default_factory=ModelConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    lr: float = 1e-3
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
+    weight_decay: float = 0.0
+    eps_clip: float = 0.2
+    # Cross-cell gloo timeout. Short on CPU: a survivor may wait this long for a dead peer.
+    cross_cell_timeout_s: float = 10.0
+    max_attempts: int = 30                # group-level retries of one rollout
+    retry_backoff_s: float = 0.5          # doubles per attempt, capped at retry_backoff_max_s
+    retry_backoff_max_s: float = 60.0
+    threads_per_rank: int = 1             # also keeps CPU kernels bitwise reproducible
+
+
+@dataclass
+class LauncherConfig:
+    name: str = "local"                   # submitit LocalExecutor
+    timeout_min: float = 30.0
+    poll_interval_s: float = 0.5
+
+
+@dataclass
+class TrackingConfig:
+    name: str = "none"
+
+
+@dataclass
+class ExperimentConfig:
+    defaults: list[Any] = field(default_factory=lambda: [
+        {"mode": "dp2"},
+        {"scenario": "no_failure"},
+        {"trainer": "torch"},
+        {"launcher": "local"},
+        {"tracking": "none"},
+        "_self_",
+    ])
+    mode: ModeConfig = MISSING
+    scenario: ScenarioConfig = MISSING
+    threshold: ThresholdConfig = MISSING
+    trainer: TrainerConfig = MISSING
+    launcher: LauncherConfig = MISSING
+    tracking: TrackingConfig = MISSING
+    stage: Stage = Stage.run
+    phase: Optional[str] = None           # with stage=baseline|target: run only this phase
+    run_dir: Optional[str] = None         # with stage=compare (or a side): reuse this run dir
+    seed: int = 1
+
+
+def register_configs() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="ftexp_schema", node=ExperimentConfig)
+    for group, node in [("mode", ModeConfig), ("scenario", ScenarioConfig), ("threshold", ThresholdConfig),
+                        ("trainer", TrainerConfig), ("launcher", LauncherConfig), ("tracking", TrackingConfig)]:
+        cs.store(group=group, name=f"{group}_schema", node=node)
+
+
+def validate(cfg: ExperimentConfig) -> None:
+    """Cross-group checks that a schema cannot express. Raises InputError (exit 2) before launch."""
+    from ftexp.verify.predicate import parse_predicate
+
+    mode, scenario = cfg.mode, cfg.scenario
+    if cfg.trainer.engine not in mode.engines:
+        raise InputError(
+            f"mode {mode.name} needs {mode.tp=} {mode.pp=} {mode.cp=} {mode.ep=} ({mode.ranks_per_cell} ranks per cell);"
+            f" engine={cfg.trainer.engine.value} cannot run it (it runs on: {', '.join(e.value for e in mode.engines)})"
+        )
+    if mode.num_cells < 1:
+        raise InputError(f"mode {mode.name}: num_cells must be >= 1")
+    samples = cfg.trainer.rollout.rollout_batch_size * cfg.trainer.rollout.n_samples_per_prompt
+    if samples % mode.num_cells:
+        raise InputError(f"{samples} samples per rollout do not divide over {mode.num_cells} cells")
+    if not scenario.phases:
+        raise InputError(f"scenario {scenario.name} has no phases")
+    names = [p.name for p in scenario.phases]
+    if len(set(names)) != len(names):
+        raise InputError(f"scenario {scenario.name}: duplicate phase names {names}")
+    for i, phase in enumerate(scenario.phases):
+        if phase.load_from is not None and phase.load_from not in names[:i]:
+            raise InputError(f"phase {phase.name!r} loads from {phase.load_from!r}, which is not an earlier phase")
+    if cfg.phase is not None and cfg.phase not in names:
+        raise InputError(f"unknown phase {cfg.phase!r} for scenario {scenario.name} (phases: {names})")
+    if not cfg.threshold.dumps:
+        raise InputError(f"threshold {cfg.threshold.name}: empty dump rule list (end it with a '.*' catch-all)")
+    for rule in cfg.threshold.dumps:
+        if len(rule) != 2:
+            raise InputError(f"threshold.dumps entries are [regex, predicate] pairs, got {list(rule)}")
+        try:
+            re.compile(rule[0])
+        except re.error as e:
+            raise InputError(f"threshold.dumps: bad regex {rule[0]!r}: {e}") from None
+        parse_predicate(rule[1])
+    for pattern in (cfg.threshold.exclude_pattern, cfg.threshold.allow_skipped_pattern, cfg.threshold.allow_failed_pattern):
+        if pattern is not None:
+            try:
+                re.compile(pattern)
+            except re.error as e:
+                raise InputError(f"threshold: bad regex {pattern!r}: {e}") from None
+    if cfg.stage == Stage.compare and not cfg.run_dir:
+        raise InputError("stage=compare needs run_dir=<an existing run directory>")

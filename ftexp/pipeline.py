@@ -1,0 +1,99 @@
+"""prepare → for each phase: baseline, then target → verify → report.
+
+``run_stage`` is what ``python -m ftexp`` calls once the config is valid. The run directory is the
+experiment: ``rollout_data/`` (recorded once, shared by both sides), ``<side>/<phase>/`` per
+training job, and ``report.json`` / ``report.md`` / ``curves.png`` with the verdict.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+from ftexp.config import ExperimentConfig, PhaseConfig, Stage
+from ftexp.errors import InputError
+from ftexp.launch.jobs import JobFailed, run_side_job
+from ftexp.scenarios import verify_run
+from ftexp.trainer.model import build_model
+from ftexp.trainer.rollout_data import generate_rollout, rollout_path, save_rollout
+from ftexp.trainer.side import BASELINE, TARGET, SideSpec
+from ftexp.verify.report import CheckResult, Verdict, write_report
+
+log = logging.getLogger("ftexp")
+
+
+def side_dir(run_dir: Path, side: str, phase: str) -> Path:
+    return run_dir / side / phase if phase else run_dir / side
+
+
+def prepare(cfg: ExperimentConfig, run_dir: Path) -> Path:
+    """Record every rollout the scenario trains on, sampled from the initial policy."""
+    data_dir = run_dir / "rollout_data"
+    model = build_model(cfg.trainer.model)
+    for rollout_id in range(cfg.scenario.num_rollout):
+        path = rollout_path(data_dir, rollout_id)
+        if not path.exists():
+            save_rollout(generate_rollout(model, rollout_id, cfg.trainer.rollout), path)
+    log.info("recorded %d rollouts in %s", cfg.scenario.num_rollout, data_dir)
+    return data_dir
+
+
+def side_spec(cfg: ExperimentConfig, run_dir: Path, side: str, phase: PhaseConfig) -> SideSpec:
+    load_dir = side_dir(run_dir, side, phase.load_from) / "ckpt" if phase.load_from is not None else None
+    return SideSpec(
+        side=side, phase=phase.name, side_dir=side_dir(run_dir, side, phase.name),
+        data_dir=run_dir / "rollout_data", trainer=cfg.trainer, num_cells=cfg.mode.num_cells,
+        num_rollout=cfg.scenario.num_rollout, deterministic=cfg.scenario.deterministic, seed=cfg.seed,
+        load_dir=load_dir, save_interval=phase.save_interval, exit_after_rollouts=phase.exit_after_rollouts,
+        actions=list(phase.target_actions) if side == TARGET else [],
+    )
+
+
+def train(cfg: ExperimentConfig, run_dir: Path, sides: tuple[str, ...], only_phase: str | None) -> None:
+    for phase in cfg.scenario.phases:
+        if only_phase is not None and phase.name != only_phase:
+            continue
+        for side in sides:
+            spec = side_spec(cfg, run_dir, side, phase)
+            if spec.side_dir.exists():
+                shutil.rmtree(spec.side_dir)  # a side's results are always from one fresh run
+            run_side_job(spec, cfg.launcher)
+
+
+def verify(cfg: ExperimentConfig, run_dir: Path, extra_checks: list[CheckResult] = ()) -> Verdict:
+    checks = list(extra_checks) or verify_run(cfg, run_dir)
+    verdict = Verdict(scenario=cfg.scenario.name, mode=cfg.mode.name, checks=checks)
+    write_report(run_dir, verdict, {"run_dir": str(run_dir)})
+    status = "PASSED" if verdict.passed else "FAILED"
+    log.info("verdict: %s — %s", status, run_dir / "report.md")
+    for check in checks:
+        if not check.passed:
+            log.info("  FAILED %s: %s", check.name, check.summary)
+    return verdict
+
+
+def run_stage(cfg: ExperimentConfig, run_dir: Path) -> int:
+    """Run the requested stage; return the process exit code (0 passed, 1 failed)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    stage = cfg.stage
+    if stage == Stage.compare:
+        if not (run_dir / "baseline").is_dir() or not (run_dir / "target").is_dir():
+            raise InputError(f"{run_dir} holds no baseline/ and target/ training results")
+        return 0 if verify(cfg, run_dir).passed else 1
+    prepare(cfg, run_dir)
+    if stage == Stage.prepare:
+        return 0
+    sides = {Stage.baseline: (BASELINE,), Stage.target: (TARGET,), Stage.run: (BASELINE, TARGET)}[stage]
+    for stale in ("report.json", "report.md", "curves.png"):
+        (run_dir / stale).unlink(missing_ok=True)  # never leave an old verdict beside new results
+    try:
+        train(cfg, run_dir, sides, cfg.phase)
+    except JobFailed as e:
+        log.error("%s", e)
+        verify(cfg, run_dir, [CheckResult(name="training", passed=False, summary=str(e).splitlines()[0],
+                                          details={"log_tail": str(e)})])
+        return 1
+    if stage != Stage.run:
+        return 0
+    return 0 if verify(cfg, run_dir).passed else 1

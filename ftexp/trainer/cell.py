@@ -1,0 +1,132 @@
+"""A cell: one complete model replica (its own ranks, its own process world) and its lifecycle.
+
+    Pending ──allocate──▶ Allocated ──init ok──▶ Alive ──call fails──▶ Errored ──▶ Stopped
+       ▲                                                                            │
+       └───────────────────────────────── start ────────────────────────────────────┘
+
+Any failed call on a cell marks it Errored, kills its actors and waits until Ray confirms they
+are dead, so a failure always ends in Stopped (spec §3). ``start`` only moves a Stopped cell
+back to Pending; the real start (new actors + healing) happens at the group's next refresh.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+
+log = logging.getLogger(__name__)
+CONFIRM_DEAD_DEADLINE_S = 120.0
+
+
+@dataclass(frozen=True)
+class IndepDPInfo:
+    """A cell's place in the current quorum (spec §3)."""
+
+    cell_index: int
+    num_cells: int
+    alive_rank: int
+    alive_size: int
+    quorum_id: int
+    alive_cell_indices: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        assert self.alive_rank == self.alive_cell_indices.index(self.cell_index)
+        assert self.alive_size == len(self.alive_cell_indices)
+
+    @classmethod
+    def for_cell(cls, cell_index: int, num_cells: int, quorum_id: int, alive: list[int]) -> "IndepDPInfo":
+        return cls(cell_index, num_cells, alive.index(cell_index), len(alive), quorum_id, tuple(alive))
+
+
+class CellState(enum.Enum):
+    PENDING = "Pending"
+    ALLOCATED = "AllocatedUninitialized"
+    ALIVE = "AllocatedAlive"
+    ERRORED = "AllocatedErrored"
+    STOPPED = "Stopped"
+
+
+@dataclass
+class Cell:
+    index: int
+    make_actors: Callable[[int], list[Any]]  # cell index -> actor handles (one per rank in cell)
+    state: CellState = CellState.PENDING
+    actors: list[Any] = field(default_factory=list)
+    info: IndepDPInfo | None = None
+
+    # ---- transitions ------------------------------------------------------------------------
+    def allocate(self) -> None:
+        self._expect(CellState.PENDING)
+        self.actors = self.make_actors(self.index)
+        self.state = CellState.ALLOCATED
+
+    def mark_alive(self, info: IndepDPInfo) -> None:
+        self._expect(CellState.ALLOCATED, CellState.ALIVE)
+        self.state, self.info = CellState.ALIVE, info
+
+    def mark_errored(self) -> None:
+        self._expect(CellState.ALLOCATED, CellState.ALIVE, CellState.ERRORED)
+        self.state = CellState.ERRORED
+
+    def stop(self) -> None:
+        """Kill the actors (no wait) and become Stopped. Stopping a Stopped cell is a no-op."""
+        if self.state == CellState.STOPPED:
+            log.info("cell %d already stopped", self.index)
+            return
+        for actor in self.actors:
+            ray.kill(actor, no_restart=True)
+        self.state, self.info = CellState.STOPPED, None
+
+    def start(self) -> None:
+        """Stopped → Pending; a no-op from any other state (spec §3)."""
+        if self.state != CellState.STOPPED:
+            log.info("cell %d is %s; start is a no-op", self.index, self.state.value)
+            return
+        self.state, self.actors = CellState.PENDING, []
+
+    # ---- calls --------------------------------------------------------------------------------
+    def submit(self, method: str, *args: Any, **kwargs: Any) -> list[ray.ObjectRef]:
+        return [getattr(a, method).remote(*args, **kwargs) for a in self.actors]
+
+    def collect(self, refs: list[ray.ObjectRef]) -> list[Any]:
+        """Wait for every rank's result; on any failure: Errored → kill → confirm dead → re-raise."""
+        try:
+            return ray.get(refs)
+        except Exception:
+            self.mark_errored()
+            self.stop_and_confirm_dead()
+            raise
+
+    def execute(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        return self.collect(self.submit(method, *args, **kwargs))
+
+    def stop_and_confirm_dead(self) -> None:
+        handles = list(self.actors)
+        self.stop()
+        deadline = time.monotonic() + CONFIRM_DEAD_DEADLINE_S
+        for handle in handles:
+            while True:
+                try:
+                    ray.get(handle.ping.remote(), timeout=1.0)
+                except (RayActorError, RayTaskError):
+                    break  # confirmed dead
+                except GetTimeoutError:
+                    pass
+                if time.monotonic() > deadline:
+                    log.error("cell %d: actor not confirmed dead after %.0fs; going on", self.index,
+                              CONFIRM_DEAD_DEADLINE_S)
+                    break
+                time.sleep(0.05)
+
+    def _expect(self, *states: CellState) -> None:
+        assert self.state in states, f"cell {self.index}: {self.state.value} not in {[s.value for s in states]}"
+
+    @property
+    def is_alive(self) -> bool:
+        return self.state == CellState.ALIVE

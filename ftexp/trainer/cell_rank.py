@@ -1,0 +1,148 @@
+"""One rank of a cell: a Ray actor that trains, reduces across cells, and heals others.
+
+The torch engine has one rank per cell. Ranks with the same rank-within-cell across all alive
+cells form the cross-cell group: a torchft ``ProcessGroupGloo`` configured under
+``<store>/indep_dp/gloo/<quorum_id>/<rank>``. A new quorum id means a new group; a group that
+failed once is never used again (the next refresh replaces it).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import shutil
+import sys
+import time
+from typing import Any
+
+import ray
+import torch
+from torchft.process_group import ProcessGroupGloo
+
+from ftexp.audit.events import (EventLogger, FaultInjectedEvent, MetricEvent, ProcessIdentity,
+                                TrainEngineLocalWeightChecksumEvent)
+from ftexp.config import TestActionKind
+from ftexp.trainer.cell import IndepDPInfo
+from ftexp.trainer.collectives import sum_across
+from ftexp.trainer.replica import Replica, load_checkpoint, save_checkpoint, train_step
+from ftexp.trainer.rollout_data import load_rollout, rollout_path
+from ftexp.trainer.side import SideSpec, append_metrics, snapshot_events
+from ftexp.trainer import transfer
+
+log = logging.getLogger(__name__)
+NORMAL, DISCARDED = "normal", "discarded_should_retry"
+
+
+@ray.remote(num_cpus=0, max_restarts=0, concurrency_groups={"heartbeat": 1})
+class CellRank:
+    def __init__(self, spec: SideSpec, cell_index: int, rank_within_cell: int, store_addr: str):
+        logging.basicConfig(level=logging.INFO, stream=sys.stdout, force=True,
+                            format=f"[%(asctime)s] cell{cell_index}/rank{rank_within_cell} %(name)s: %(message)s",
+                            datefmt="%H:%M:%S")
+        torch.set_num_threads(spec.trainer.threads_per_rank)
+        torch.use_deterministic_algorithms(spec.deterministic)
+        self.spec, self.cell_index, self.rank = spec, cell_index, rank_within_cell
+        self.store_addr = store_addr
+        self.events = EventLogger(spec.events_dir, ProcessIdentity(component="actor", cell_index=cell_index,
+                                                                    rank_within_cell=rank_within_cell))
+        self.replica = Replica(spec.trainer, seed=spec.seed)
+        self.info: IndepDPInfo | None = None
+        self.pg: ProcessGroupGloo | None = None
+
+    @ray.method(concurrency_group="heartbeat")
+    def ping(self) -> bool:
+        return True
+
+    # ---- membership ---------------------------------------------------------------------------
+    def _configure_group(self, info: IndepDPInfo) -> None:
+        """Drop the old cross-cell group and join the one of ``info.quorum_id``."""
+        self.pg = None
+        self.info = info
+        if info.alive_size > 1:
+            pg = ProcessGroupGloo(timeout=dt.timedelta(seconds=self.spec.trainer.cross_cell_timeout_s))
+            pg.configure(f"{self.store_addr}/indep_dp/gloo/{info.quorum_id}/{self.rank}",
+                         replica_id=str(self.cell_index), rank=info.alive_rank, world_size=info.alive_size,
+                         quorum_id=info.quorum_id, group_rank=self.rank, group_world_size=1)
+            self.pg = pg
+
+    def init(self, info: IndepDPInfo, load_rollout_id: int | None, recv_src_rank: int | None) -> dict[str, Any]:
+        """Join quorum ``info``; start from a checkpoint, from a live cell (healing), or from scratch."""
+        t0 = time.monotonic()
+        if load_rollout_id is not None:
+            self.replica.load_state_dict(load_checkpoint(self.spec.load_dir, load_rollout_id))
+        self._configure_group(info)
+        t1 = time.monotonic()
+        received = 0
+        if recv_src_rank is not None:
+            state, received = transfer.recv_state(self.pg, recv_src_rank)
+            self.replica.load_state_dict(state)
+        return {"configure_s": t1 - t0, "transfer_s": time.monotonic() - t1, "bytes": received,
+                "last_rollout_id": self.replica.last_rollout_id}
+
+    def reconfigure(self, info: IndepDPInfo, send_to: list[int]) -> dict[str, Any]:
+        """Move to a new quorum; as the healing source, send the full state to each new alive rank."""
+        t0 = time.monotonic()
+        self._configure_group(info)
+        t1 = time.monotonic()
+        sent = sum(transfer.send_state(self.pg, self.replica.state_dict(), dst) for dst in send_to)
+        return {"configure_s": t1 - t0, "transfer_s": time.monotonic() - t1, "bytes": sent}
+
+    # ---- training -----------------------------------------------------------------------------
+    def train(self, rollout_id: int, attempt: int) -> tuple[str, dict[str, float] | None]:
+        info, spec = self.info, self.spec
+        assert info is not None, "train before init"
+        rollout = load_rollout(rollout_path(spec.data_dir, rollout_id), expected_rollout_id=rollout_id)
+        logs_for_group = info.alive_rank == 0  # the first alive cell writes dumps and metrics
+
+        def before_reduce() -> None:
+            if info.alive_size > 1:
+                self._maybe_crash(rollout_id, attempt)
+
+        def reduce(flat: torch.Tensor) -> bool:
+            if self.pg is None:
+                return True
+            try:
+                sum_across(self.pg, flat, world_size=info.alive_size, deterministic=spec.deterministic, torchft=True)
+                return True
+            except Exception as e:  # a dead or frozen peer: this attempt is void
+                log.warning("cross-cell reduce failed at rollout %d attempt %d: %s", rollout_id, attempt, e)
+                self.pg = None  # never reuse a failed group
+                return False
+
+        def dump() -> None:
+            if logs_for_group:
+                leaf = spec.dump_leaf(rollout_id)
+                shutil.rmtree(leaf, ignore_errors=True)  # a retried attempt overwrites, never merges
+                self.replica.dump(leaf, {"pp": 0, "tp": self.rank, "cp": 0, "ep": 0})
+
+        with self.events.context(rollout_id=rollout_id, attempt=attempt):
+            ok, metrics = train_step(self.replica, rollout, rollout_id, shard_rank=info.alive_rank,
+                                     shard_size=info.alive_size, reduce=reduce, before_reduce=before_reduce,
+                                     on_commit=dump)
+            if not ok:
+                return DISCARDED, None
+            self.events.log(TrainEngineLocalWeightChecksumEvent(rollout_id=rollout_id, state=self.replica.checksums()))
+            if logs_for_group:
+                append_metrics(spec.side_dir, rollout_id, attempt, metrics)
+                self.events.log(MetricEvent(metrics=metrics))
+        return NORMAL, metrics
+
+    def _maybe_crash(self, rollout_id: int, attempt: int) -> None:
+        for a in self.spec.actions:
+            cell = a.cell_index if a.cell_index >= 0 else self.spec.num_cells - 1
+            if (a.action == TestActionKind.crash_before_allreduce and a.at_rollout == rollout_id
+                    and a.attempt == attempt and cell == self.cell_index and a.rank == self.rank):
+                self.events.log(FaultInjectedEvent(rollout_id=rollout_id, attempt=attempt, action=a.action.value,
+                                                   cell_index=self.cell_index, rank=self.rank))
+                log.warning("test action %s: exiting hard before the cross-cell reduce", a.action.value)
+                sys.stdout.flush()
+                os._exit(1)
+
+    def save(self, rollout_id: int) -> str:
+        iter_dir = save_checkpoint(self.replica, self.spec.ckpt_dir, rollout_id)
+        snapshot_events(self.spec.events_dir, iter_dir)
+        return str(iter_dir)
+
+    def last_rollout_id(self) -> int:
+        return self.replica.last_rollout_id

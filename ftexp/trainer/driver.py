@@ -1,0 +1,66 @@
+"""The target side's driver: Ray, the TCPStore, the train group, and the rollout loop.
+
+Runs inside the launched training job. It starts a local Ray instance bound to 127.0.0.1, hosts
+the TCPStore on which the cross-cell groups rendezvous, builds the cells, and for every rollout:
+train (with retries and healing) → group-level test actions → checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import ray
+import torch.distributed as dist
+
+from ftexp.audit.events import EventLogger, ProcessIdentity
+from ftexp.config import TestActionKind
+from ftexp.trainer.cell_rank import CellRank
+from ftexp.trainer.group import TrainGroup
+from ftexp.trainer.side import SideSpec, restore_events
+
+log = logging.getLogger(__name__)
+
+
+def start_local_ray(num_cpus: int) -> None:
+    """A private Ray instance whose every socket is on loopback."""
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False, num_cpus=num_cpus,
+             log_to_driver=True, configure_logging=False)
+
+
+def _group_actions(spec: SideSpec, group: TrainGroup, rollout_id: int) -> None:
+    """``stop_cell_at_end`` / ``start_cell_at_end`` run after the rollout committed (spec §8.1)."""
+    for a in spec.actions:
+        if a.at_rollout != rollout_id:
+            continue
+        cell = a.cell_index if a.cell_index >= 0 else spec.num_cells - 1
+        if a.action == TestActionKind.stop_cell_at_end:
+            log.info("test action: stop cell %d after rollout %d", cell, rollout_id)
+            group.stop_cell(cell)
+        elif a.action == TestActionKind.start_cell_at_end:
+            log.info("test action: start cell %d after rollout %d", cell, rollout_id)
+            group.start_cell(cell)
+
+
+def run_ft_driver(spec: SideSpec) -> None:
+    if spec.load_dir is not None:
+        restore_events(spec.load_dir, spec.events_dir)
+    events = EventLogger(spec.events_dir, ProcessIdentity(component="main"))
+    rollouts = spec.rollout_ids()
+    start_local_ray(num_cpus=max(2, spec.num_cells))
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    store_addr = f"127.0.0.1:{store.port}"
+    group = TrainGroup(spec.num_cells, 1, lambda c, r: CellRank.remote(spec, c, r, store_addr), events, spec.trainer)
+    try:
+        group.init(load_rollout_id=rollouts.start - 1 if spec.load_dir is not None else None)
+        for rollout_id in rollouts:
+            metrics = group.train(rollout_id)
+            log.info("target rollout %d committed: loss=%.6f alive=%s", rollout_id, metrics.get("train/loss", float("nan")),
+                     group.alive_indices())
+            _group_actions(spec, group, rollout_id)
+            if spec.should_save(rollout_id):
+                group.execute_first_alive("save", rollout_id)
+    finally:
+        group.shutdown()
+        ray.shutdown()

@@ -1,0 +1,165 @@
+"""The train group: N cells, the quorum id, and the step / refresh / heal protocol (spec §2, §4).
+
+One rollout is trained by ``train(rollout_id)``: up to ``max_attempts`` attempts, each of which
+
+1. refreshes membership — if a cell is pending or an alive cell's quorum view is stale, bump the
+   quorum id, allocate the pending cells, move every alive cell to the new cross-cell group, and
+   heal the pending cells from the lowest-index alive cell (one ``CellReconfigureEvent``);
+2. calls ``train`` on every rank of every alive cell and classifies each cell as errored (its call
+   raised; it is already stopped), discarded (a rank's reduce failed) or normal;
+3. succeeds when no cell discarded and at least one is normal — an errored cell alongside normal
+   ones may have died after the exchange, so the survivors' commit stands.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import ray
+
+from ftexp.audit.events import CellReconfigureEvent, EventLogger, TrainGroupStepEndEvent
+from ftexp.trainer.cell import Cell, CellState, IndepDPInfo
+from ftexp.trainer.cell_rank import DISCARDED, NORMAL
+
+log = logging.getLogger(__name__)
+
+
+class RetryableStepError(RuntimeError):
+    """This attempt of a rollout did not commit; refresh and try again."""
+
+
+class TrainGroup:
+    def __init__(self, num_cells: int, ranks_per_cell: int, make_rank, events: EventLogger, trainer_cfg):
+        self.events = events
+        self.cfg = trainer_cfg
+        self.quorum_id = 0
+        self.cells = [Cell(i, lambda c: [make_rank(c, r) for r in range(ranks_per_cell)]) for i in range(num_cells)]
+
+    # ---- start-up -----------------------------------------------------------------------------
+    def init(self, load_rollout_id: int | None) -> None:
+        """Allocate every cell and join quorum 0 with all cells alive."""
+        alive = [c.index for c in self.cells]
+        for cell in self.cells:
+            cell.allocate()
+        refs = {c.index: c.submit("init", IndepDPInfo.for_cell(c.index, len(self.cells), 0, alive), load_rollout_id, None)
+                for c in self.cells}
+        for cell in self.cells:
+            cell.collect(refs[cell.index])
+            cell.mark_alive(IndepDPInfo.for_cell(cell.index, len(self.cells), 0, alive))
+
+    # ---- membership ---------------------------------------------------------------------------
+    def alive_indices(self) -> list[int]:
+        return [c.index for c in self.cells if c.is_alive]
+
+    def stop_cell(self, index: int) -> None:
+        self.cells[index].stop()
+
+    def start_cell(self, index: int) -> None:
+        self.cells[index].start()
+
+    def refresh(self, rollout_id: int) -> CellReconfigureEvent | None:
+        pending = [c.index for c in self.cells if c.state == CellState.PENDING]
+        alive = self.alive_indices()
+        assert alive, "cannot recover when all cells are dead"
+        will_alive = sorted(set(pending) | set(alive))
+        if not pending and all(list(self.cells[i].info.alive_cell_indices) == will_alive for i in alive):
+            return None
+        self.quorum_id += 1
+        t0 = time.monotonic()
+        for i in pending:
+            self.cells[i].allocate()
+        # Wait until the new actors exist, so the cross-cell rendezvous does not race actor start-up.
+        for i in pending:
+            self.cells[i].execute("ping")
+        t_allocated = time.monotonic()
+        src = alive[0]
+        dst_ranks = [will_alive.index(i) for i in pending]
+        info = {i: IndepDPInfo.for_cell(i, len(self.cells), self.quorum_id, will_alive) for i in will_alive}
+        refs = {i: self.cells[i].submit("reconfigure", info[i], dst_ranks if (i == src and pending) else [])
+                for i in alive}
+        refs.update({i: self.cells[i].submit("init", info[i], None, will_alive.index(src)) for i in pending})
+        results: dict[int, list[dict[str, Any]]] = {}
+        failed = []
+        for i, ref in refs.items():
+            try:
+                results[i] = self.cells[i].collect(ref)
+            except Exception as e:
+                log.error("reconfigure: cell %d failed: %s", i, e)
+                failed.append(i)
+        if failed:
+            # No event; the survivors' views now list a dead cell, so the next refresh retries.
+            raise RetryableStepError(f"reconfigure to quorum {self.quorum_id} failed in cells {failed}")
+        for i in will_alive:
+            self.cells[i].mark_alive(info[i])
+        timings: dict[str, float] = {}
+        if pending:
+            timings = {
+                "allocate_s": t_allocated - t0,
+                "configure_s": max(r["configure_s"] for rs in results.values() for r in rs),
+                "transfer_s": max(r["transfer_s"] for rs in results.values() for r in rs),
+                "reconfigure_total_s": time.monotonic() - t0,
+            }
+        event = CellReconfigureEvent(
+            rollout_id=rollout_id, quorum_id=self.quorum_id, src_cell_index=src if pending else None,
+            healed_cell_indices=pending, alive_cell_indices_after=will_alive, timings=timings,
+            bytes_transferred=sum(r["bytes"] for r in results[src]) if pending else 0)
+        self.events.log(event)
+        log.info("quorum %d: alive %s (healed %s from cell %s)", self.quorum_id, will_alive, pending,
+                 src if pending else None)
+        return event
+
+    # ---- one rollout --------------------------------------------------------------------------
+    def train(self, rollout_id: int) -> dict[str, float]:
+        backoff = self.cfg.retry_backoff_s
+        for attempt in range(self.cfg.max_attempts):
+            try:
+                return self._attempt(rollout_id, attempt)
+            except (RetryableStepError, AssertionError) as e:
+                if isinstance(e, AssertionError) and not self.alive_indices():
+                    raise
+                log.warning("rollout %d attempt %d did not commit: %s; retrying in %.1fs", rollout_id, attempt, e, backoff)
+                time.sleep(backoff)
+                backoff = min(backoff * 2, self.cfg.retry_backoff_max_s)
+        raise RuntimeError(f"rollout {rollout_id}: no commit after {self.cfg.max_attempts} attempts")
+
+    def _attempt(self, rollout_id: int, attempt: int) -> dict[str, float]:
+        self.refresh(rollout_id)
+        cells = [self.cells[i] for i in self.alive_indices()]
+        refs = {c.index: c.submit("train", rollout_id, attempt) for c in cells}
+        outcomes: dict[int, Any] = {}
+        metrics: dict[str, float] | None = None
+        for cell in cells:
+            try:
+                results = cell.collect(refs[cell.index])
+            except Exception as e:
+                log.warning("rollout %d attempt %d: cell %d errored: %s", rollout_id, attempt, cell.index,
+                            type(e).__name__)
+                outcomes[cell.index] = "error"
+                continue
+            outcomes[cell.index] = [outcome for outcome, _ in results]
+            metrics = metrics or next((m for _, m in results if m is not None), None)
+        normal = [i for i, o in outcomes.items() if o != "error" and all(x == NORMAL for x in o)]
+        discarded = [i for i, o in outcomes.items() if o != "error" and any(x == DISCARDED for x in o)]
+        if discarded or not normal:
+            raise RetryableStepError(f"outcomes {outcomes}")
+        self.events.log(TrainGroupStepEndEvent(rollout_id=rollout_id, attempt=attempt, cell_outcomes=outcomes))
+        return metrics or {}
+
+    # ---- first-alive-cell actions ------------------------------------------------------------------
+    def execute_first_alive(self, method: str, *args: Any) -> list[Any]:
+        """Run on the lowest-index alive cell; if it fails (and is stopped), try the next one."""
+        while True:
+            alive = self.alive_indices()
+            if not alive:
+                raise RuntimeError(f"{method}: no alive cell")
+            try:
+                return self.cells[alive[0]].execute(method, *args)
+            except ray.exceptions.RayError as e:
+                log.warning("%s on cell %d failed (%s); trying the next alive cell", method, alive[0], e)
+
+    def shutdown(self) -> None:
+        for cell in self.cells:
+            if cell.state != CellState.STOPPED and cell.state != CellState.PENDING:
+                cell.stop()

@@ -1,0 +1,86 @@
+"""The baseline: plain data parallelism in one torch.distributed gloo world.
+
+``num_cells`` processes form one world; rank i trains strided shard i of every rollout and the
+gradients are SUM-reduced over the world (a fixed-order fold in deterministic mode). Nothing
+here tolerates faults: this is the reference the fault-tolerant target must reproduce. Rank 0
+writes the dumps, metrics and checkpoints.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import multiprocessing as mp
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from ftexp.audit.events import EventLogger, MetricEvent, ProcessIdentity
+from ftexp.trainer.collectives import sum_across
+from ftexp.trainer.replica import Replica, load_checkpoint, save_checkpoint, train_step
+from ftexp.trainer.rollout_data import load_rollout, rollout_path
+from ftexp.trainer.side import SideSpec, append_metrics, restore_events, snapshot_events
+
+log = logging.getLogger(__name__)
+COORDS = {"pp": 0, "tp": 0, "cp": 0, "ep": 0}
+
+
+def _rank_main(spec: SideSpec, rank: int, store_port: int) -> None:
+    torch.set_num_threads(spec.trainer.threads_per_rank)
+    torch.use_deterministic_algorithms(spec.deterministic)
+    store = dist.TCPStore("127.0.0.1", store_port, is_master=False, timeout=dt.timedelta(seconds=60))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=spec.num_cells,
+                            timeout=dt.timedelta(seconds=120))
+    events = EventLogger(spec.events_dir, ProcessIdentity(component="dp", rank_within_cell=rank))
+    replica = Replica(spec.trainer, seed=spec.seed)
+    if spec.load_dir is not None:
+        replica.load_state_dict(load_checkpoint(spec.load_dir, spec.start_rollout_id() - 1))
+
+    def reduce(flat: torch.Tensor) -> bool:
+        sum_across(None, flat, world_size=spec.num_cells, deterministic=spec.deterministic, torchft=False)
+        return True
+
+    for rollout_id in spec.rollout_ids():
+        rollout = load_rollout(rollout_path(spec.data_dir, rollout_id), expected_rollout_id=rollout_id)
+        dump = (lambda: replica.dump(spec.dump_leaf(rollout_id), COORDS)) if rank == 0 else (lambda: None)
+        _, metrics = train_step(replica, rollout, rollout_id, shard_rank=rank, shard_size=spec.num_cells,
+                                reduce=reduce, on_commit=dump)
+        if rank == 0:
+            append_metrics(spec.side_dir, rollout_id, 0, metrics)
+            events.log(MetricEvent(rollout_id=rollout_id, attempt=0, metrics=metrics))
+            log.info("baseline rollout %d committed: loss=%.6f", rollout_id, metrics["train/loss"])
+            if spec.should_save(rollout_id):
+                snapshot_events(spec.events_dir, save_checkpoint(replica, spec.ckpt_dir, rollout_id))
+        dist.barrier()
+    dist.destroy_process_group()
+
+
+def _rank_entry(spec: SideSpec, rank: int, store_port: int) -> None:
+    logging.basicConfig(level=logging.INFO, stream=sys.stdout,
+                        format=f"[%(asctime)s] dp_rank{rank} %(name)s: %(message)s", datefmt="%H:%M:%S")
+    _rank_main(spec, rank, store_port)
+
+
+def run_plain_dp(spec: SideSpec) -> None:
+    """Run the baseline side to completion; raise if any rank fails."""
+    if spec.load_dir is not None:
+        restore_events(spec.load_dir, spec.events_dir)
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_rank_entry, args=(spec, r, store.port), name=f"dp_rank{r}")
+             for r in range(spec.num_cells)]
+    for p in procs:
+        p.start()
+    # A dead rank leaves its peers blocked in a collective: stop them all as soon as one fails.
+    while any(p.is_alive() for p in procs):
+        failed = [(p.name, p.exitcode) for p in procs if p.exitcode not in (None, 0)]
+        if failed:
+            for p in procs:
+                p.terminate()
+            raise RuntimeError(f"baseline ranks failed (name, exit code): {failed}")
+        time.sleep(0.2)
+    failed = [(p.name, p.exitcode) for p in procs if p.exitcode != 0]
+    if failed:
+        raise RuntimeError(f"baseline ranks failed (name, exit code): {failed}")

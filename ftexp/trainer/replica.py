@@ -1,0 +1,183 @@
+"""One model replica's training state and its step, shared by both sides of an experiment.
+
+A plain-DP rank (baseline) and a cell's rank (target) hold the same thing: a model, an Adam
+optimizer, a constant LR scheduler, RNG states and the id of the last committed rollout. Both
+run the same step — forward/backward on their strided shard of the rollout, SUM-reduce the
+flat gradient buffer across replicas, then step — and differ only in the group they reduce over
+and in what happens when the reduce fails. Keeping that step in one place is what makes the
+two sides comparable bit for bit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from ftexp.audit.dumps import write_dump
+from ftexp.trainer.grpo import grpo_loss, make_train_batch, strided_shard
+from ftexp.trainer.model import build_model
+
+# Per-shard statistics reduced alongside the gradients; each is already normalised so that the
+# SUM over shards is the global mean.
+STAT_KEYS = ("loss", "pg_loss", "pg_clipfrac", "ppo_kl", "entropy")
+# Megatron's default gradient clipping.
+CLIP_GRAD = 1.0
+
+
+def tensor_sha256(t: torch.Tensor) -> str:
+    return hashlib.sha256(t.detach().contiguous().cpu().numpy().tobytes()).hexdigest()
+
+
+class Replica:
+    """Model + optimizer + scheduler + RNG of one rank, with the step split into its phases."""
+
+    def __init__(self, trainer_cfg, seed: int):
+        self.cfg = trainer_cfg
+        torch.manual_seed(seed)
+        random.seed(seed)
+        np.random.seed(seed)
+        self.model = build_model(trainer_cfg.model)
+        self.params = [p for _, p in self.model.named_parameters()]
+        self.param_names = [n for n, _ in self.model.named_parameters()]
+        # foreach=False: the single-tensor path, same kernels on every rank and every run.
+        self.optimizer = torch.optim.Adam(self.params, lr=trainer_cfg.lr, betas=tuple(trainer_cfg.betas),
+                                          weight_decay=trainer_cfg.weight_decay, foreach=False)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda=lambda _: 1.0)
+        self.last_rollout_id = -1  # the last committed rollout
+
+    # ---- the step -------------------------------------------------------------------------
+    def forward_backward(self, rollout: dict, shard_rank: int, shard_size: int) -> torch.Tensor:
+        """Accumulate this shard's gradients; return its stats as a tensor ordered like STAT_KEYS."""
+        num_samples = len(rollout["samples"])
+        batch = make_train_batch(rollout, strided_shard(num_samples, shard_rank, shard_size))
+        loss, stats = grpo_loss(self.model, batch, num_samples, eps_clip=self.cfg.eps_clip)
+        loss.backward()
+        stats = {"loss": loss.detach(), **stats}
+        return torch.stack([stats[k].to(torch.float32) for k in STAT_KEYS])
+
+    def flat_grads(self, extra: torch.Tensor) -> torch.Tensor:
+        """One contiguous buffer [all grads..., extra] so one collective reduces everything."""
+        return torch.cat([p.grad.reshape(-1) for p in self.params] + [extra])
+
+    def set_flat_grads(self, flat: torch.Tensor) -> torch.Tensor:
+        """Copy reduced grads back; return the trailing stats part."""
+        offset = 0
+        for p in self.params:
+            n = p.numel()
+            p.grad.copy_(flat[offset: offset + n].view_as(p))
+            offset += n
+        return flat[offset:]
+
+    def optimizer_step(self, rollout_id: int) -> float:
+        """Clip, step, advance the scheduler; return the pre-clip grad norm."""
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, CLIP_GRAD, foreach=False)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.last_rollout_id = rollout_id
+        return float(grad_norm)
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            else:
+                p.grad.zero_()
+
+    def metrics(self, stats: torch.Tensor, grad_norm: float, rollout: dict) -> dict[str, float]:
+        rewards = [s["reward"] for s in rollout["samples"]]
+        out = {f"train/{k}": float(v) for k, v in zip(STAT_KEYS, stats)}
+        out["train/grad_norm"] = grad_norm
+        out["train/lr"] = self.scheduler.get_last_lr()[0]
+        out["rollout/reward_mean"] = float(np.mean(rewards))
+        return out
+
+    # ---- audit ----------------------------------------------------------------------------
+    def dump(self, leaf_dir: Path, coords: dict[str, int]) -> None:
+        """Weights and (reduced) grads, before the optimizer step, in sglang's dump format."""
+        index = 0
+        for prefix, get in (("weight", lambda p: p), ("grad", lambda p: p.grad)):
+            for name, p in zip(self.param_names, self.params):
+                index += 1
+                write_dump(leaf_dir, f"{prefix}__{name}", get(p), step=0, rank=0, dump_index=index, **coords)
+
+    def checksums(self) -> dict[str, Any]:
+        """SHA-256 of every parameter and of the optimizer state (spec §10.2)."""
+        opt = self.optimizer.state_dict()
+        return {
+            "param_hashes": {f"pp0.{n}": tensor_sha256(p) for n, p in zip(self.param_names, self.params)},
+            "optimizer_hashes": {
+                f"{self.param_names[i]}.{k}": (tensor_sha256(v) if torch.is_tensor(v) else v)
+                for i, st in sorted(opt["state"].items()) for k, v in sorted(st.items())
+            },
+        }
+
+    # ---- state for checkpoints and healing ---------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "rng": {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()},
+            "last_rollout_id": self.last_rollout_id,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        torch.set_rng_state(state["rng"]["torch"])
+        random.setstate(state["rng"]["python"])
+        np.random.set_state(state["rng"]["numpy"])
+        self.last_rollout_id = int(state["last_rollout_id"])
+
+
+def train_step(replica: Replica, rollout: dict, rollout_id: int, *, shard_rank: int, shard_size: int,
+               reduce: Callable[[torch.Tensor], bool], before_reduce: Callable[[], None] = lambda: None,
+               on_commit: Callable[[], None] = lambda: None) -> tuple[bool, dict[str, float] | None]:
+    """The step both sides run. ``reduce`` SUMs the flat buffer in place and says whether it worked.
+
+    On failure the gradients are dropped and nothing is stepped, so a discarded attempt leaves no
+    trace in weights or optimizer state. ``on_commit`` runs after the reduce and before the
+    optimizer step (that is where weights and reduced grads are dumped).
+    """
+    replica.zero_grad()
+    stats = replica.forward_backward(rollout, shard_rank, shard_size)
+    before_reduce()
+    flat = replica.flat_grads(stats)
+    if not reduce(flat):
+        replica.zero_grad()
+        return False, None
+    stats = replica.set_flat_grads(flat)
+    on_commit()
+    grad_norm = replica.optimizer_step(rollout_id)
+    metrics = replica.metrics(stats, grad_norm, rollout)
+    replica.zero_grad()
+    return True, metrics
+
+
+def save_checkpoint(replica: Replica, ckpt_root: Path, rollout_id: int) -> Path:
+    """``<ckpt_root>/iter_<id:07d>/state.pt`` + the ``latest_checkpointed_iteration.txt`` tracker."""
+    iter_dir = ckpt_root / f"iter_{rollout_id:07d}"
+    iter_dir.mkdir(parents=True, exist_ok=True)
+    tmp = iter_dir / "state.pt.tmp"
+    torch.save(replica.state_dict(), tmp)
+    tmp.replace(iter_dir / "state.pt")
+    (ckpt_root / "latest_checkpointed_iteration.txt").write_text(f"{rollout_id}\n")
+    return iter_dir
+
+
+def latest_checkpoint(ckpt_root: Path) -> int | None:
+    tracker = ckpt_root / "latest_checkpointed_iteration.txt"
+    if not tracker.is_file():
+        return None
+    text = tracker.read_text().strip()
+    return int(text) if text.isdigit() else None
+
+
+def load_checkpoint(ckpt_root: Path, rollout_id: int) -> dict[str, Any]:
+    return torch.load(ckpt_root / f"iter_{rollout_id:07d}" / "state.pt", map_location="cpu", weights_only=False)

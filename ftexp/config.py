@@ -121,6 +121,13 @@ class ThresholdConfig:
     allow_failed_pattern: Optional[str] = None
 
 
+class NegativeControl(enum.Enum):
+    """Deliberate healing bugs, for tests proving the verdict turns red. Never on by default."""
+
+    skip_heal_transfer = "skip_heal_transfer"          # healed cell keeps its fresh initial state
+    skip_optimizer_transfer = "skip_optimizer_transfer"  # healed cell gets weights but no optimizer state
+
+
 @dataclass
 class TrainerConfig:
     engine: Engine = Engine.torch
@@ -136,6 +143,7 @@ class TrainerConfig:
     retry_backoff_s: float = 0.5          # doubles per attempt, capped at retry_backoff_max_s
     retry_backoff_max_s: float = 60.0
     threads_per_rank: int = 1             # also keeps CPU kernels bitwise reproducible
+    negative_control: Optional[NegativeControl] = None
 
 
 @dataclass

@@ -7,6 +7,7 @@ training job, and ``report.json`` / ``report.md`` / ``curves.png`` with the verd
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 from pathlib import Path
@@ -18,7 +19,7 @@ from ftexp.scenarios import verify_run
 from ftexp.trainer.model import build_model
 from ftexp.trainer.rollout_data import generate_rollout, rollout_path, save_rollout
 from ftexp.trainer.side import BASELINE, TARGET, SideSpec
-from ftexp.verify.report import CheckResult, Verdict, write_report
+from ftexp.verify.report import CheckResult, Verdict, plot_curves, write_report
 
 log = logging.getLogger("ftexp")
 
@@ -61,10 +62,29 @@ def train(cfg: ExperimentConfig, run_dir: Path, sides: tuple[str, ...], only_pha
             run_side_job(spec, cfg.launcher)
 
 
+def read_metric_series(side_root: Path) -> dict[str, list[tuple[int, float]]]:
+    """``{key: [(rollout_id, value)]}`` over every phase's metrics.jsonl; the highest attempt wins."""
+    latest: dict[int, tuple[int, dict]] = {}
+    for path in sorted(side_root.glob("**/metrics.jsonl")):
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            step, attempt = row.pop("step"), row.pop("attempt")
+            if step not in latest or attempt >= latest[step][0]:
+                latest[step] = (attempt, row)
+    series: dict[str, list[tuple[int, float]]] = {}
+    for step in sorted(latest):
+        for key, value in latest[step][1].items():
+            series.setdefault(key, []).append((step, value))
+    return series
+
+
 def verify(cfg: ExperimentConfig, run_dir: Path, extra_checks: list[CheckResult] = ()) -> Verdict:
     checks = list(extra_checks) or verify_run(cfg, run_dir)
     verdict = Verdict(scenario=cfg.scenario.name, mode=cfg.mode.name, checks=checks)
     write_report(run_dir, verdict, {"run_dir": str(run_dir)})
+    plot_curves(read_metric_series(run_dir / BASELINE), read_metric_series(run_dir / TARGET), run_dir / "curves.png",
+                f"{cfg.scenario.name} / {cfg.mode.name}: baseline vs target",
+                keys=["train/loss", "train/grad_norm", "train/pg_loss", "train/entropy", "rollout/reward_mean"])
     status = "PASSED" if verdict.passed else "FAILED"
     log.info("verdict: %s — %s", status, run_dir / "report.md")
     for check in checks:

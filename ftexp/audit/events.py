@@ -44,7 +44,8 @@ class ProcessIdentity(BaseModel):
 
 
 class _Event(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # NaN/inf metrics must survive the round trip (pydantic would write them as null).
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
     timestamp: _dt.datetime = Field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc))
     source: ProcessIdentity = Field(default_factory=lambda: ProcessIdentity(component="main"))
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -21,6 +22,7 @@ from ftexp.trainer.side import BASELINE, SideSpec
 
 log = logging.getLogger(__name__)
 LOG_TAIL_LINES = 25
+_ERROR_LINE = re.compile(r"^[\w.]*(Error|Exception|Interrupt)\b.*:")
 
 
 class JobFailed(RuntimeError):
@@ -52,6 +54,12 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
+def _last_error_line(path: Path) -> str:
+    """The final ``SomeError: message`` line of a traceback in the log, if there is one."""
+    lines = path.read_text(errors="replace").splitlines() if path.is_file() else []
+    return next((ln.strip() for ln in reversed(lines) if _ERROR_LINE.match(ln.strip())), "see the log")
+
+
 def make_executor(folder: Path, launcher_cfg) -> submitit.Executor:
     if launcher_cfg.name != "local":
         raise ValueError(f"unknown launcher {launcher_cfg.name!r}")
@@ -73,8 +81,8 @@ def run_side_job(spec: SideSpec, launcher_cfg) -> None:
         try:
             job.result()
             return
-        except Exception as e:  # the job raised: its traceback is in the log
-            reason = f"raised {type(e).__name__}"
+        except Exception:  # the job raised: its traceback is in the log
+            reason = f"failed: {_last_error_line(spec.side_dir / 'train.log')}"
     else:
         process = getattr(job, "_process", None)
         code = process.returncode if process is not None else None

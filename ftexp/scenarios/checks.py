@@ -8,13 +8,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ftexp.audit.events import FaultInjectedEvent, TrainGroupStepEndEvent, read_events
+from ftexp.audit.analyzer import analyze
+from ftexp.audit.events import (CellReconfigureEvent, FaultInjectedEvent, TrainEngineLocalWeightChecksumEvent, TrainGroupStepEndEvent,
+                                read_events)
 from ftexp.config import ExperimentConfig, PhaseConfig
 from ftexp.scenarios.expectations import PhaseExpectation
 from ftexp.verify.dumps import compare_dumps, leaf_set
 from ftexp.verify.metrics import compare_metrics
 from ftexp.verify.reconfigure import check_reconfigure_events
 from ftexp.verify.report import CheckResult
+
+
+REQUIRED_METRICS = ("train/loss", "train/grad_norm")
 
 
 def _side_dir(run_dir: Path, side: str, phase: str) -> Path:
@@ -31,15 +36,61 @@ def check_phase(cfg: ExperimentConfig, run_dir: Path, phase: PhaseConfig, expect
                       exclude_pattern=th.exclude_pattern, allow_skipped_pattern=th.allow_skipped_pattern,
                       allow_failed_pattern=th.allow_failed_pattern).to_check(f"{label}dumps"),
     ]
-    for i, m in enumerate(th.metrics):
+    for m in th.metrics:
+        # Every metric rule must cover at least one of the keys that are required to exist.
+        required = [k for k in REQUIRED_METRICS if k.startswith(tuple(m.prefixes)) and k not in m.exclude]
         checks.append(compare_metrics(base / "events", targ / "events", rtol=m.rtol, atol=m.atol,
-                                      key_prefixes=list(m.prefixes), exclude_keys=list(m.exclude))
+                                      key_prefixes=list(m.prefixes), exclude_keys=list(m.exclude),
+                                      required_keys=required)
                       .to_check(f"{label}metrics[{','.join(m.prefixes)}]"))
     checks.append(check_reconfigure_events(base / "events", expect.baseline_reconfigures, f"{label}baseline_reconfigures"))
     checks.append(check_reconfigure_events(targ / "events", expect.target_reconfigures, f"{label}target_reconfigures"))
     checks.append(check_target_commits(targ / "events", expect.rollouts, f"{label}target_commits"))
     checks.append(check_faults(targ / "events", expect, f"{label}faults_injected"))
+    checks.append(check_event_rules(targ / "events", f"{label}target_event_analyzer"))
+    if expect.target_reconfigures:
+        checks.append(recovery_timings(targ / "events", f"{label}recovery"))
     return checks
+
+
+def recovery_timings(events_dir: Path, name: str) -> CheckResult:
+    """Per fault and heal: detection, reconfiguration, state transfer, first commit (seconds), bytes.
+
+    Detection = fault event → the shrink that excluded the cell; first commit = reconfigure event →
+    the next group commit. Fails only if a reconfigure has no following commit.
+    """
+    events = read_events(events_dir)
+    faults = [e for e in events if isinstance(e, FaultInjectedEvent)]
+    commits = sorted((e for e in events if isinstance(e, TrainGroupStepEndEvent)), key=lambda e: e.timestamp)
+    rows = []
+    for e in sorted((e for e in events if isinstance(e, CellReconfigureEvent)), key=lambda e: e.timestamp):
+        commit = next((c for c in commits if c.timestamp >= e.timestamp), None)
+        row = {"rollout_id": e.rollout_id, "kind": "heal" if e.healed_cell_indices else "shrink",
+               "alive_after": e.alive_cell_indices_after, "bytes": e.bytes_transferred,
+               **{k: round(v, 3) for k, v in e.timings.items()},
+               "first_commit_s": round((commit.timestamp - e.timestamp).total_seconds(), 3) if commit else None}
+        if not e.healed_cell_indices:
+            fault = next((f for f in reversed(faults) if f.timestamp <= e.timestamp), None)
+            row["detection_s"] = round((e.timestamp - fault.timestamp).total_seconds(), 3) if fault else None
+        elif e.timings.get("transfer_s"):
+            row["heal_bytes_per_s"] = round(e.bytes_transferred / e.timings["transfer_s"])
+        rows.append(row)
+    ok = all(r["first_commit_s"] is not None for r in rows)
+    summary = "; ".join(
+        f"{r['kind']}@{r['rollout_id']}: " + ", ".join(f"{k}={v}" for k, v in r.items()
+                                                        if k.endswith("_s") or k in ("bytes", "heal_bytes_per_s"))
+        for r in rows)
+    return CheckResult(name, ok, summary or "no reconfigure events", {"recoveries": rows})
+
+def check_event_rules(events_dir: Path, name: str) -> CheckResult:
+    """The analyzer's rules on the finished log (e.g. all cells bitwise equal after every heal)."""
+    events = read_events(events_dir)
+    checksums = sum(isinstance(e, TrainEngineLocalWeightChecksumEvent) for e in events)
+    issues = analyze(events)
+    if not checksums:
+        return CheckResult(name, False, "no weight checksum events: the cross-replica rule had nothing to check")
+    return CheckResult(name, not issues, f"{checksums} checksum events, {len(issues)} issue(s)"
+                       + (f": {issues[0]}" if issues else ""), {"issues": [str(i) for i in issues]})
 
 
 def check_leaves(dumps_root: Path, rollouts: list[int], name: str) -> CheckResult:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ftexp.config import ExperimentConfig, PhaseConfig
+from ftexp.config import ExperimentConfig, PhaseConfig, TestActionKind
 from ftexp.verify.reconfigure import ReconfigureInfo
 
 
@@ -42,6 +42,33 @@ def no_failure(cfg: ExperimentConfig, phase: PhaseConfig) -> PhaseExpectation:
     return PhaseExpectation(rollouts=_phase_rollouts(cfg, phase))
 
 
+def with_failure(cfg: ExperimentConfig, phase: PhaseConfig) -> PhaseExpectation:
+    """phase_b: a shrink at the crash rollout, then a heal at the next one (spec §15.4)."""
+    expect = PhaseExpectation(rollouts=_phase_rollouts(cfg, phase))
+    crashes = [a for a in phase.target_actions if a.action == TestActionKind.crash_before_allreduce]
+    n = cfg.mode.num_cells
+    for crash in crashes:
+        expect.target_reconfigures += [
+            ReconfigureInfo(crash.at_rollout, None, [], list(range(n - 1))),
+            _heal(crash.at_rollout + 1, n),
+        ]
+    expect.faults_injected = len(crashes)
+    return expect
+
+
+def deterministic(cfg: ExperimentConfig, phase: PhaseConfig) -> PhaseExpectation:
+    """One heal at P+2 per target phase; phase_b also sees phase_a's heal from the restored events."""
+    expect = PhaseExpectation(rollouts=_phase_rollouts(cfg, phase))
+    phases = cfg.scenario.phases
+    for p in phases[: phases.index(phase) + 1]:
+        if p is phase or p.name == phase.load_from:
+            starts = {a.at_rollout for a in p.target_actions if a.action == TestActionKind.start_cell_at_end}
+            expect.target_reconfigures += [_heal(r + 1, cfg.mode.num_cells) for r in sorted(starts)]
+    return expect
+
+
 EXPECTATIONS = {
     "no_failure": no_failure,
+    "with_failure": with_failure,
+    "deterministic": deterministic,
 }

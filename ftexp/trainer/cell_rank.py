@@ -22,7 +22,7 @@ from torchft.process_group import ProcessGroupGloo
 
 from ftexp.audit.events import (EventLogger, FaultInjectedEvent, MetricEvent, ProcessIdentity,
                                 TrainEngineLocalWeightChecksumEvent)
-from ftexp.config import TestActionKind
+from ftexp.config import NegativeControl, TestActionKind
 from ftexp.trainer.cell import IndepDPInfo
 from ftexp.trainer.collectives import sum_across
 from ftexp.trainer.replica import Replica, load_checkpoint, save_checkpoint, train_step
@@ -76,7 +76,11 @@ class CellRank:
         received = 0
         if recv_src_rank is not None:
             state, received = transfer.recv_state(self.pg, recv_src_rank)
-            self.replica.load_state_dict(state)
+            control = self.spec.trainer.negative_control
+            if control == NegativeControl.skip_optimizer_transfer:
+                state["optimizer"] = self.replica.optimizer.state_dict()
+            if control != NegativeControl.skip_heal_transfer:
+                self.replica.load_state_dict(state)
         return {"configure_s": t1 - t0, "transfer_s": time.monotonic() - t1, "bytes": received,
                 "last_rollout_id": self.replica.last_rollout_id}
 

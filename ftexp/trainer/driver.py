@@ -13,7 +13,8 @@ import os
 import ray
 import torch.distributed as dist
 
-from ftexp.audit.events import EventLogger, ProcessIdentity
+from ftexp.audit.analyzer import raise_on_issues
+from ftexp.audit.events import EventLogger, ProcessIdentity, read_events
 from ftexp.config import TestActionKind
 from ftexp.trainer.cell_rank import CellRank
 from ftexp.trainer.group import TrainGroup
@@ -55,12 +56,14 @@ def run_ft_driver(spec: SideSpec) -> None:
     try:
         group.init(load_rollout_id=rollouts.start - 1 if spec.load_dir is not None else None)
         for rollout_id in rollouts:
+            raise_on_issues(read_events(spec.events_dir))  # fail fast on the previous rollout's events
             metrics = group.train(rollout_id)
             log.info("target rollout %d committed: loss=%.6f alive=%s", rollout_id, metrics.get("train/loss", float("nan")),
                      group.alive_indices())
             _group_actions(spec, group, rollout_id)
             if spec.should_save(rollout_id):
                 group.execute_first_alive("save", rollout_id)
+        raise_on_issues(read_events(spec.events_dir))
     finally:
         group.shutdown()
         ray.shutdown()

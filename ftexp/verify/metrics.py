@@ -11,9 +11,12 @@ an issue). Numbers are equal within tolerance when::
 
     both exactly 0,  or  |b − t| <= atol,  or  |b − t| / max(|b|, |t|, 1e-12) <= rtol
 
-NaN on either side is always an issue and infinities must be equal. Non-numeric values are listed
-but not compared. The ``required_keys`` must appear in some compared baseline rollout, so that a
-run which logged nothing of substance cannot pass.
+NaN on either side is always an issue and infinities must be equal. A null (None) value on either
+side is an issue too: the event logger's JSON encoding writes NaN and ±inf as null, so a null may
+be a NaN in disguise. Other non-numeric values (strings, lists) are listed but not compared.
+
+The ``required_keys`` must appear in some compared baseline rollout, so that a run which logged
+nothing of substance cannot pass.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from ftexp.verify.report import CheckResult
 
 RolloutId = int | None
 _REL_FLOOR = 1e-12  # keeps the relative difference finite when both values are tiny
+_NULL_NOTE = "null value (the event log's JSON writes NaN and inf as null)"
 
 
 @dataclass
@@ -126,6 +130,8 @@ def _final_attempts(events: list[MetricEvent], side: str, compared: Callable[[st
 
 def _compare_values(b: Any, t: Any, rtol: float, atol: float) -> tuple[bool, float | None, float | None, str]:
     """(ok, abs_diff, rel_diff, note) for one baseline/target value pair."""
+    if b is None or t is None:
+        return False, None, None, _NULL_NOTE
     if not (_is_number(b) and _is_number(t)):
         return True, None, None, "non-numeric; not compared"
     b, t = float(b), float(t)
@@ -195,8 +201,9 @@ def compare_metrics(
             ok, abs_diff, rel_diff, note = _compare_values(b_metrics[key], t_metrics[key], rtol, atol)
             result.rows.append(MetricRow(rid, key, b_metrics[key], t_metrics[key], abs_diff, rel_diff, ok, note))
             if not ok:
-                issues.append(f"rollout {rid}: {key} baseline={b_metrics[key]!r} target={t_metrics[key]!r} "
-                              f"(abs_diff={abs_diff:.6g}, rel_diff={rel_diff:.6g}): {note}")
+                diffs = "" if abs_diff is None else f" (abs_diff={abs_diff:.6g}, rel_diff={rel_diff:.6g})"
+                issues.append(f"rollout {rid}: {key} baseline={b_metrics[key]!r} "
+                              f"target={t_metrics[key]!r}{diffs}: {note}")
         for key in sorted(k for k in t_metrics if compared(k) and k not in b_metrics):
             result.rows.append(MetricRow(rid, key, None, t_metrics[key], None, None, False, "missing in baseline"))
             issues.append(f"rollout {rid}: {key} logged by target but missing in baseline")

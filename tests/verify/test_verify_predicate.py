@@ -34,7 +34,8 @@ def test_parentheses_override_precedence():
 
 def test_not_binds_tightest_and_nests():
     p = parse_predicate("not rel > 1 and max_abs < 1")
-    assert p.tree == And((Not(Comparison(">", Name("rel"), Number(1.0))), Comparison("<", Name("max_abs"), Number(1.0))))
+    rel_above_1 = Comparison(">", Name("rel"), Number(1.0))
+    assert p.tree == And((Not(rel_above_1), Comparison("<", Name("max_abs"), Number(1.0))))
     assert ev("not not rel <= 1", rel=0.5) is True
     assert ev("not (rel <= 1 or max_abs <= 1)", rel=2, max_abs=2) is True
     assert ev("not (rel <= 1 or max_abs <= 1)", rel=2, max_abs=0) is False

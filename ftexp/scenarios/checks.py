@@ -36,6 +36,10 @@ def check_phase(cfg: ExperimentConfig, run_dir: Path, phase: PhaseConfig, expect
                       exclude_pattern=th.exclude_pattern, allow_skipped_pattern=th.allow_skipped_pattern,
                       allow_failed_pattern=th.allow_failed_pattern).to_check(f"{label}dumps"),
     ]
+    if th.fp32_dumps:  # every engine here trains in fp32 on CPU
+        checks.append(compare_dumps(base / "dumps", targ / "dumps", [tuple(r) for r in th.fp32_dumps],
+                                    exclude_pattern=th.exclude_pattern, allow_skipped_pattern=th.allow_skipped_pattern,
+                                    allow_failed_pattern=th.allow_failed_pattern).to_check(f"{label}dumps_fp32"))
     for m in th.metrics:
         # Every metric rule must cover at least one of the keys that are required to exist.
         required = [k for k in REQUIRED_METRICS if k.startswith(tuple(m.prefixes)) and k not in m.exclude]

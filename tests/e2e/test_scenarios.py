@@ -1,0 +1,178 @@
+"""Real end-to-end scenario runs on the CPU (Ray actors, gloo/torchft groups, submitit jobs).
+
+Each scenario runs once per mode; the negative controls then edit a copy of a finished run and
+re-run ``stage=compare``, or re-run training with a deliberate healing bug, and must turn the
+verdict red with a message naming the cause.
+"""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import run_ftexp
+
+pytestmark = pytest.mark.e2e
+
+
+def _run(tmp_root: Path, name: str, *overrides: str) -> tuple[Path, object]:
+    run_dir = tmp_root / name
+    result = run_ftexp(*overrides, f"hydra.run.dir={run_dir}", cwd=tmp_root)
+    return run_dir, result
+
+
+def _report(run_dir: Path) -> dict:
+    return json.loads((run_dir / "report.json").read_text())
+
+
+def _check(report: dict, name: str) -> dict:
+    return next(c for c in report["checks"] if c["name"] == name)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    return tmp_path_factory.mktemp("runs")
+
+
+SCENARIOS = [("no_failure", "dp2"), ("no_failure", "dp4"), ("with_failure", "dp2"), ("with_failure", "dp4"),
+             ("deterministic", "dp2"), ("deterministic", "dp4")]
+_finished: dict[tuple[str, str], Path] = {}
+
+
+@pytest.mark.parametrize("scenario, mode", SCENARIOS)
+def test_scenario_passes(runs, scenario, mode):
+    run_dir, result = _run(runs, f"{scenario}_{mode}", f"mode={mode}", f"scenario={scenario}")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert (run_dir / "report.md").read_text().startswith("# ftexp verdict: PASSED")
+    assert (run_dir / "curves.png").stat().st_size > 0
+    report = _report(run_dir)
+    n = int(mode[2:])
+    if scenario == "with_failure":
+        # Positive proof: the crash fired, the quorum shrank to N-1, the heal restored N from cell 0.
+        actual = _check(report, "phase_b/target_reconfigures")["details"]["actual"]
+        assert actual == [
+            {"rollout_id": 2, "src_cell_index": None, "healed_cell_indices": [], "alive_cell_indices_after": list(range(n - 1))},
+            {"rollout_id": 3, "src_cell_index": 0, "healed_cell_indices": [n - 1], "alive_cell_indices_after": list(range(n))},
+        ]
+        assert _check(report, "phase_b/faults_injected")["passed"]
+        recoveries = _check(report, "phase_b/recovery")["details"]["recoveries"]
+        assert recoveries[1]["bytes"] > 0 and recoveries[0]["detection_s"] is not None
+    if scenario == "deterministic":
+        assert len(_check(report, "phase_b/target_reconfigures")["details"]["actual"]) == 2
+    _finished[(scenario, mode)] = run_dir
+
+
+def _copy_of(runs: Path, key: tuple[str, str], tmp_path: Path) -> Path:
+    if key not in _finished:
+        pytest.skip(f"{key} did not pass")
+    dst = tmp_path / "copy"
+    shutil.copytree(_finished[key], dst)
+    return dst
+
+
+def _compare(run_dir: Path, scenario: str, mode: str):
+    return run_ftexp(f"mode={mode}", f"scenario={scenario}", "stage=compare", f"run_dir={run_dir}", cwd=run_dir.parent)
+
+
+def test_compare_reproduces_verdict_without_training(runs, tmp_path):
+    run_dir = _copy_of(runs, ("no_failure", "dp2"), tmp_path)
+    before = _report(run_dir)
+    (run_dir / "report.json").unlink()
+    result = _compare(run_dir, "no_failure", "dp2")
+    assert result.returncode == 0, result.stderr
+    after = _report(run_dir)
+    assert [c["name"] for c in after["checks"]] == [c["name"] for c in before["checks"]]
+    assert after["passed"]
+
+
+def _target_grad(run_dir: Path, phase: str = "") -> Path:
+    leaf = run_dir / "target" / phase / "dumps" / "fwd_bwd" / "rollout_1"
+    return next(leaf.glob("*name=grad__layers.0.mlp.fc1.weight___*.pt"))
+
+
+def test_perturbed_gradient_fails_naming_it(runs, tmp_path):
+    run_dir = _copy_of(runs, ("no_failure", "dp2"), tmp_path)
+    path = _target_grad(run_dir)
+    dump = torch.load(path, weights_only=True)
+    g = dump["value"]
+    torch.manual_seed(0)
+    dump["value"] = g * (1 + 0.02 * torch.randn_like(g))  # each element off by ~2%
+    torch.save(dump, path)
+    result = _compare(run_dir, "no_failure", "dp2")
+    assert result.returncode == 1
+    report = _report(run_dir)
+    # rel ~ 2e-4 passes the seed's bf16-calibrated rel <= 0.0085; the fp32 rules catch it.
+    assert _check(report, "dumps")["passed"]
+    dumps = _check(report, "dumps_fp32")
+    assert not dumps["passed"] and "grad__layers.0.mlp.fc1.weight" in json.dumps(dumps)
+
+
+def test_deleted_tensor_or_leaf_fails(runs, tmp_path):
+    run_dir = _copy_of(runs, ("no_failure", "dp2"), tmp_path)
+    _target_grad(run_dir).unlink()
+    assert _compare(run_dir, "no_failure", "dp2").returncode == 1
+    assert "grad__layers.0.mlp.fc1.weight" in json.dumps(_check(_report(run_dir), "dumps"))
+    shutil.rmtree(run_dir / "target" / "dumps" / "fwd_bwd" / "rollout_1")
+    assert _compare(run_dir, "no_failure", "dp2").returncode == 1
+    assert "rollout_1" in _check(_report(run_dir), "dumps")["summary"] + json.dumps(_check(_report(run_dir), "dumps"))
+
+
+def test_corrupt_dump_is_bad_input(runs, tmp_path):
+    run_dir = _copy_of(runs, ("no_failure", "dp2"), tmp_path)
+    _target_grad(run_dir).write_bytes(b"not a torch file")
+    result = _compare(run_dir, "no_failure", "dp2")
+    assert result.returncode == 2 and "corrupt" in result.stderr
+
+
+def test_removed_heal_event_fails(runs, tmp_path):
+    run_dir = _copy_of(runs, ("with_failure", "dp2"), tmp_path)
+    main_log = run_dir / "target" / "phase_b" / "events" / "main.jsonl"
+    lines = [ln for ln in main_log.read_text().splitlines() if '"healed_cell_indices":[1]' not in ln]
+    main_log.write_text("\n".join(lines) + "\n")
+    assert _compare(run_dir, "with_failure", "dp2").returncode == 1
+    assert not _check(_report(run_dir), "phase_b/target_reconfigures")["passed"]
+
+
+def test_missing_fault_event_fails(runs, tmp_path):
+    run_dir = _copy_of(runs, ("with_failure", "dp2"), tmp_path)
+    for path in (run_dir / "target" / "phase_b" / "events").glob("*.jsonl"):
+        path.write_text("".join(ln + "\n" for ln in path.read_text().splitlines() if '"fault_injected"' not in ln))
+    assert _compare(run_dir, "with_failure", "dp2").returncode == 1
+    assert not _check(_report(run_dir), "phase_b/faults_injected")["passed"]
+
+
+def test_last_bit_flip_fails_deterministic(runs, tmp_path):
+    run_dir = _copy_of(runs, ("deterministic", "dp2"), tmp_path)
+    leaf = run_dir / "target" / "phase_b" / "dumps" / "fwd_bwd" / "rollout_5"
+    path = next(leaf.glob("*name=weight__lm_head.weight___*.pt"))
+    dump = torch.load(path, weights_only=True)
+    w = dump["value"].clone()
+    w.view(-1)[7] = torch.nextafter(w.view(-1)[7], torch.tensor(float("inf")))
+    dump["value"] = w
+    torch.save(dump, path)
+    assert _compare(run_dir, "deterministic", "dp2").returncode == 1
+    assert "weight__lm_head.weight" in json.dumps(_check(_report(run_dir), "phase_b/dumps"))
+
+
+def test_wrong_threshold_fails(runs, tmp_path):
+    """The with_failure run is not bitwise (a degraded quorum reorders sums): a bitwise threshold must fail it."""
+    run_dir = _copy_of(runs, ("with_failure", "dp2"), tmp_path)
+    result = run_ftexp("mode=dp2", "scenario=with_failure", "stage=compare", f"run_dir={run_dir}",
+                       "threshold.dumps=[['.*','rel <= 0']]", cwd=tmp_path)
+    assert result.returncode == 1
+    assert not _check(_report(run_dir), "phase_b/dumps")["passed"]
+
+
+@pytest.mark.parametrize("control, cause", [
+    ("skip_heal_transfer", "cross_replica_weight_checksum"),
+    ("skip_optimizer_transfer", "optimizer_hashes"),
+])
+def test_broken_healing_turns_verdict_red(runs, control, cause):
+    run_dir, result = _run(runs, f"broken_{control}", "mode=dp2", "scenario=deterministic",
+                           f"trainer.negative_control={control}")
+    assert result.returncode == 1, result.stdout[-2000:]
+    report = _report(run_dir)
+    assert not report["passed"]
+    assert cause in json.dumps(report)

@@ -1,0 +1,43 @@
+"""Bad input gets one clear line on stderr and exit code 2, and nothing is launched."""
+
+import pytest
+
+from conftest import run_ftexp
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["mode=dp3"], "unknown mode 'dp3'"),
+    (["scenario=no_such"], "unknown scenario 'no_such'"),
+    (["mode=dp2", "trainer.lrr=1"], "trainer.lrr"),
+    (["+foo=1"], "unknown config key(s): foo"),
+    (["threshold.dumps=[['.*','rel <= ']]"], "rel <="),
+    (["threshold.dumps=[['.*','__import__(\"os\")']]"], "predicate"),
+    (["threshold.dumps=[['(','rel <= 1']]"], "bad regex"),
+    (["mode=dp2_cp2_tp2_ep2"], "engine=torch cannot run it"),
+    (["stage=compare"], "stage=compare needs run_dir"),
+    (["stage=bogus"], "stage"),
+    (["seed=abc"], "seed"),
+    (["phase=phase_z", "scenario=with_failure"], "unknown phase"),
+])
+def test_bad_input_exits_2_with_one_line(tmp_path, overrides, message):
+    result = run_ftexp(*overrides, f"hydra.run.dir={tmp_path}/run", cwd=tmp_path, timeout=120)
+    assert result.returncode == 2, result.stderr
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("ftexp: error: ")
+    assert message in lines[0]
+    assert not (tmp_path / "run" / "report.md").exists()
+
+
+def test_compare_on_missing_run_dir_exits_2(tmp_path):
+    result = run_ftexp("stage=compare", f"run_dir={tmp_path}/nope", cwd=tmp_path, timeout=120)
+    assert result.returncode == 2
+    assert "does not exist" in result.stderr
+
+
+def test_all_seed_modes_are_described(tmp_path):
+    """Every mode of the seed table composes; those the torch engine cannot run are refused, not crashed."""
+    for mode in ["dp2_cp2_tp2_ep2", "dp2_cp2_pp2", "dp4_cp2", "dp2_cp2_real_rollout", "dp2_cp2_real_rollout_dense",
+                 "colocate_dp2_cp2_rollout_ft", "6node_dp4_cp2_tp2_pp2_ep2_etp2"]:
+        result = run_ftexp(f"mode={mode}", f"hydra.run.dir={tmp_path}/{mode}", cwd=tmp_path, timeout=120)
+        assert result.returncode == 2 and f"mode {mode} needs" in result.stderr, (mode, result.stderr)

@@ -8,24 +8,21 @@ train (with retries and healing) → group-level test actions → checkpoint.
 from __future__ import annotations
 
 import logging
-import os
-
 import ray
-import torch.distributed as dist
 
 from ftexp.audit.analyzer import raise_on_issues
 from ftexp.audit.events import EventLogger, ProcessIdentity, read_events
 from ftexp.config import TestActionKind
 from ftexp.trainer.cell_rank import CellRank
 from ftexp.trainer.group import TrainGroup
+from ftexp.trainer.store import LoopbackStore
 from ftexp.trainer.side import SideSpec, restore_events
 
 log = logging.getLogger(__name__)
 
 
 def start_local_ray(num_cpus: int) -> None:
-    """A private Ray instance whose every socket is on loopback."""
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    """A private Ray instance whose every socket is on loopback (see ``ftexp/__init__.py``)."""
     ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False, num_cpus=num_cpus,
              log_to_driver=True, configure_logging=False)
 
@@ -50,8 +47,8 @@ def run_ft_driver(spec: SideSpec) -> None:
     events = EventLogger(spec.events_dir, ProcessIdentity(component="main"))
     rollouts = spec.rollout_ids()
     start_local_ray(num_cpus=max(2, spec.num_cells))
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    store_addr = f"127.0.0.1:{store.port}"
+    store = LoopbackStore()
+    store_addr = store.address
     group = TrainGroup(spec.num_cells, 1, lambda c, r: CellRank.remote(spec, c, r, store_addr), events, spec.trainer)
     try:
         group.init(load_rollout_id=rollouts.start - 1 if spec.load_dir is not None else None)

@@ -21,6 +21,7 @@ from ftexp.audit.events import EventLogger, MetricEvent, ProcessIdentity
 from ftexp.trainer.collectives import sum_across
 from ftexp.trainer.replica import Replica, load_checkpoint, save_checkpoint, train_step
 from ftexp.trainer.rollout_data import load_rollout, rollout_path
+from ftexp.trainer.store import LoopbackStore
 from ftexp.trainer.side import SideSpec, append_metrics, restore_events, snapshot_events
 
 log = logging.getLogger(__name__)
@@ -67,7 +68,7 @@ def run_plain_dp(spec: SideSpec) -> None:
     """Run the baseline side to completion; raise if any rank fails."""
     if spec.load_dir is not None:
         restore_events(spec.load_dir, spec.events_dir)
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    store = LoopbackStore()
     ctx = mp.get_context("spawn")
     procs = [ctx.Process(target=_rank_entry, args=(spec, r, store.port), name=f"dp_rank{r}")
              for r in range(spec.num_cells)]

@@ -72,6 +72,8 @@ class Layout:
     pp: int = 1
     cp: int = 1
     ep: int = 1
+    # Expert TP gathers differently sized token sets per rank, which gloo cannot: 1 on CPU.
+    expert_tp: int = 1
     sequence_parallel: bool = False
     first_stage_layers: int | None = None  # uneven pipeline split (Megatron's first/last stage sizes)
     last_stage_layers: int | None = None
@@ -109,6 +111,7 @@ def transformer_config(preset: GPTPreset, layout: Layout) -> TransformerConfig:
         pipeline_model_parallel_size=layout.pp,
         context_parallel_size=layout.cp,
         expert_model_parallel_size=layout.ep,
+        expert_tensor_parallel_size=layout.expert_tp,
         sequence_parallel=layout.sequence_parallel,
         num_layers_in_first_pipeline_stage=layout.first_stage_layers,
         num_layers_in_last_pipeline_stage=layout.last_stage_layers,
@@ -122,10 +125,11 @@ def build_gpt(preset_name: str, layout: Layout = Layout(), seed: int = 1234) -> 
     torch.distributed must already be initialised (gloo on CPU); its world size must be a
     multiple of tp·pp·cp (and of ep for MoE).
     """
-    on_cpu = not torch.cuda.is_available()
-    if on_cpu:
-        apply_cpu_patches()
     preset = PRESETS[preset_name]
+    if not torch.cuda.is_available():
+        if preset.num_experts and layout.expert_tp > 1:
+            raise ValueError("expert_tp > 1 needs unevenly sized all-gathers, which gloo does not support")
+        apply_cpu_patches()
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()
     parallel_state.initialize_model_parallel(
@@ -133,6 +137,7 @@ def build_gpt(preset_name: str, layout: Layout = Layout(), seed: int = 1234) -> 
         pipeline_model_parallel_size=layout.pp,
         context_parallel_size=layout.cp,
         expert_model_parallel_size=layout.ep,
+        expert_tensor_parallel_size=layout.expert_tp,
         create_gloo_process_groups=False,  # the default groups already are gloo on CPU
     )
     torch.manual_seed(seed)
@@ -156,7 +161,9 @@ def build_gpt(preset_name: str, layout: Layout = Layout(), seed: int = 1234) -> 
     )
 
 
-def wrap_for_training(model: GPTModel, lr: float = 1e-3, clip_grad: float = 1.0, distributed_optimizer: bool = False):
+def wrap_for_training(
+    model: GPTModel, lr: float = 1e-3, adam_eps: float = 1e-8, clip_grad: float = 1.0, distributed_optimizer: bool = False
+):
     """Megatron DDP (fp32 grad buffers) and its Adam optimizer; wires the schedule's grad hooks."""
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=distributed_optimizer
@@ -164,7 +171,7 @@ def wrap_for_training(model: GPTModel, lr: float = 1e-3, clip_grad: float = 1.0,
     ddp_model = DistributedDataParallel(config=model.config, ddp_config=ddp_config, module=model)
     optimizer = get_megatron_optimizer(
         OptimizerConfig(
-            optimizer="adam", lr=lr, weight_decay=0.0, clip_grad=clip_grad,
+            optimizer="adam", lr=lr, adam_eps=adam_eps, weight_decay=0.0, clip_grad=clip_grad,
             params_dtype=torch.float32, use_distributed_optimizer=distributed_optimizer,
         ),
         [ddp_model],

@@ -1,0 +1,145 @@
+"""Train one Megatron layout on N gloo ranks (127.0.0.1) and collect what a comparison needs.
+
+Each spawned rank builds its shard, optionally loads an unsplit model's weights, trains a few
+optimizer steps on its data-parallel share of a fixed global batch, and saves its losses, reduced
+grads (before each step) and weights (after each step) keyed by global parameter name, plus its
+step times and peak RSS. `run_layout` reassembles the TP shards into full tensors.
+
+Also a command line for measurements:
+    python tests/engines/megatron/megatron_harness.py tiny_dense '{"tp": 2}' --world 2 --steps 10
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import socket
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+GLOBAL_MICROBATCHES = 2  # the global batch: split over DP ranks, run as microbatches within a rank
+DATA_SEED = 7
+# Adam divides each grad element by its own magnitude plus eps: with the usual 1e-8, an element
+# whose grad is ~1e-8 turns float32 rounding noise into update differences of ~lr/100. A larger
+# eps keeps the update a well-conditioned function of the grads, so equal grads mean equal weights.
+ADAM_EPS = 1e-6
+
+
+@dataclass
+class LayoutRun:
+    losses: list[float]
+    grads: list[dict[str, torch.Tensor]]  # per step, full (TP-assembled) tensors by global name
+    weights: list[dict[str, torch.Tensor]]  # after each step
+    step_seconds: list[list[float]]  # per rank
+    peak_rss_mb: list[float]  # per rank
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _quiet_expected_warnings():
+    """Silence what every CPU rank prints on import: no TE/Apex fallbacks, deprecated torch names."""
+    warnings.filterwarnings("ignore", message=".*(Transformer Engine|Apex) (and Apex are|is) not installed")
+    warnings.filterwarnings("ignore", message="full scope is deprecated")
+    warnings.filterwarnings("ignore", category=FutureWarning, message="`torch.distributed.")
+
+
+def _worker(rank, world, port, preset, layout, steps, out_dir, init_path):
+    _quiet_expected_warnings()
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # keep gloo's data connections on loopback
+    torch.set_num_threads(1)  # N ranks share few cores; more threads only oversubscribe them
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    from megatron.core import parallel_state
+
+    from ftexp.engines.megatron import model as mg
+
+    model = mg.build_gpt(preset, layout)
+    if init_path is not None:
+        mg.load_full_state(model, torch.load(init_path))
+    initial = mg.local_shards(model)
+    ddp_model, optimizer = mg.wrap_for_training(model, adam_eps=ADAM_EPS)
+
+    dp_size, dp_rank = parallel_state.get_data_parallel_world_size(), parallel_state.get_data_parallel_rank()
+    microbatches = mg.synthetic_microbatches(preset, GLOBAL_MICROBATCHES, seed=DATA_SEED)[dp_rank::dp_size]
+    losses, grads, weights, seconds = [], [], [], []
+    for _ in range(steps):
+        start = time.perf_counter()
+        losses.append(
+            mg.train_step(ddp_model, optimizer, microbatches, on_grads=lambda m: grads.append(mg.local_shards(m, grads=True)))
+        )
+        seconds.append(time.perf_counter() - start)
+        weights.append(mg.local_shards(ddp_model))
+    peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    torch.save(
+        dict(initial=initial, losses=losses, grads=grads, weights=weights, seconds=seconds, peak_rss_mb=peak_rss_mb),
+        Path(out_dir) / f"rank{rank}.pt",
+    )
+    dist.destroy_process_group()
+
+
+def _assemble(per_rank: list[dict]) -> dict[str, torch.Tensor]:
+    """Full tensors from every rank's shards; replicas of one shard must agree."""
+    from ftexp.engines.megatron.model import assemble_full
+
+    collected: dict[str, dict[int, tuple]] = {}
+    for shards in per_rank:
+        for name, (tensor, info) in shards.items():
+            seen = collected.setdefault(name, {}).setdefault(info.tp_rank, (tensor, info))
+            if not torch.allclose(seen[0], tensor, rtol=1e-5, atol=1e-6):
+                raise AssertionError(f"replicas of {name} (tp rank {info.tp_rank}) disagree")
+    return {name: assemble_full(list(by_rank.values())) for name, by_rank in collected.items()}
+
+
+def run_layout(preset: str, layout, world: int, steps: int, out_dir: Path, init_state: Path | None = None) -> LayoutRun:
+    """Spawn `world` ranks for `layout`; with `init_state`, start from those full weights."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    mp.spawn(_worker, args=(world, _free_port(), preset, layout, steps, str(out_dir), init_state), nprocs=world)
+    ranks = [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(world)]
+    if init_state is None:
+        torch.save(_assemble([r["initial"] for r in ranks]), out_dir / "initial.pt")
+    return LayoutRun(
+        losses=ranks[0]["losses"],
+        grads=[_assemble([r["grads"][s] for r in ranks]) for s in range(steps)],
+        weights=[_assemble([r["weights"][s] for r in ranks]) for s in range(steps)],
+        step_seconds=[r["seconds"] for r in ranks],
+        peak_rss_mb=[r["peak_rss_mb"] for r in ranks],
+    )
+
+
+def _main(argv):
+    import argparse
+    import tempfile
+
+    from ftexp.engines.megatron.model import Layout
+
+    parser = argparse.ArgumentParser(description="time one layout")
+    parser.add_argument("preset")
+    parser.add_argument("layout", help='JSON Layout fields, e.g. {"tp": 2, "sequence_parallel": true}')
+    parser.add_argument("--world", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=10)
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        start = time.perf_counter()
+        run = run_layout(args.preset, Layout(**json.loads(args.layout)), args.world, args.steps, Path(tmp))
+        total = time.perf_counter() - start
+    steady = [sorted(s[1:])[len(s[1:]) // 2] for s in run.step_seconds]  # median, first step excluded
+    print(json.dumps(dict(
+        preset=args.preset, layout=json.loads(args.layout), world=args.world, wall_s=round(total, 1),
+        first_step_s=[round(s[0], 3) for s in run.step_seconds], median_step_s=[round(s, 3) for s in steady],
+        peak_rss_mb=[round(m) for m in run.peak_rss_mb], losses=[round(x, 5) for x in run.losses],
+    )))
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1:])

@@ -85,7 +85,9 @@ class Status(_Model):
     code: int
 
 
-class Health(_Model):
+class OkResponse(_Model):
+    """The body of a successful health probe or fault injection."""
+
     status: Literal["ok"] = "ok"
 
 

@@ -1,6 +1,6 @@
 """Time as a dependency: every loop in the control plane reads and sleeps through a ``Clock``.
 
-``RealClock`` is monotonic wall time. ``FakeClock`` only moves when a test calls ``advance``;
+``RealClock`` is the process's monotonic clock. ``FakeClock`` only moves when a test calls ``advance``;
 threads sleeping on it wake once their deadline is reached, so periodic loops (health checks,
 controller polls, injector polls) can be stepped deterministically:
 

@@ -58,7 +58,7 @@ class SimpleHealthChecker:
     def stop(self, timeout: float = 5.0) -> None:
         with self._lock:
             self._stopped.set()
-            self._reset(TriState.UNKNOWN)
+            self._reset_to_unknown()
             thread = self._thread
         if thread is not None:
             thread.join(timeout)
@@ -66,7 +66,7 @@ class SimpleHealthChecker:
     def pause(self) -> None:
         with self._lock:
             self._paused = True
-            self._reset(TriState.UNKNOWN)
+            self._reset_to_unknown()
 
     def resume(self) -> None:
         """Probe again, after a fresh ``first_wait`` and with the failure count cleared."""
@@ -74,10 +74,10 @@ class SimpleHealthChecker:
             self._paused = False
             self._need_first_wait = True
             self._consecutive_failures = 0
-            self._reset(TriState.UNKNOWN)
+            self._reset_to_unknown()
 
-    def _reset(self, status: TriState) -> None:
-        self._status = status
+    def _reset_to_unknown(self) -> None:
+        self._status = TriState.UNKNOWN
         self._epoch += 1
 
     def _loop(self) -> None:

@@ -32,7 +32,7 @@ from ftexp.control.api_models import (
     CellMetadata,
     CellSpec,
     CellStatus,
-    Health,
+    OkResponse,
     InjectFaultRequest,
     PatchCellRequest,
     Status,
@@ -65,9 +65,9 @@ def create_app(registry: CellRegistry) -> FastAPI:
     # Error responses bypass response_model, so the success models are declared per route.
     cell_route = {"response_model": Cell, "responses": {404: {"model": Status}, 500: {"model": Status}}}
 
-    @app.get("/api/v1/health", response_model=Health)
-    def health() -> Health:
-        return Health()
+    @app.get("/api/v1/health", response_model=OkResponse)
+    def health() -> OkResponse:
+        return OkResponse()
 
     # A handle whose status() raises gets a Status 500 here: left to the framework, the error
     # would also drop the keep-alive connection under the client's next request.
@@ -106,7 +106,7 @@ def create_app(registry: CellRegistry) -> FastAPI:
             return _status_response(500, "InternalError", f"Failed to patch cell '{name}'")
         return _to_cell(handle)
 
-    @app.post("/api/v1/cells/{name}/inject-fault", response_model=Health,
+    @app.post("/api/v1/cells/{name}/inject-fault", response_model=OkResponse,
               responses={400: {"model": Status}, 404: {"model": Status}, 500: {"model": Status}})
     def inject_fault(name: str, body: InjectFaultRequest):
         handle = registry.get(name)
@@ -120,7 +120,7 @@ def create_app(registry: CellRegistry) -> FastAPI:
             log.exception("injecting %s into cell %s[%d] failed", body.mode, name, body.sub_index)
             return _status_response(500, "InternalError", f"Failed to inject fault into cell '{name}'")
         log.warning("injected %s into cell %s[%d]", body.mode, name, body.sub_index)
-        return Health()
+        return OkResponse()
 
     return app
 

@@ -121,9 +121,9 @@ class RandomInjector:
                 log.warning("injector: listing cells failed: %r", exc)
                 continue
             # Observe on every poll, so a down→up cycle between sparse injections is not missed.
+            self._gate.observe({c.metadata.name: c for c in cells})
             if self._clock.now() < next_time:
                 continue
-            self._gate.observe({c.metadata.name: c for c in cells})
             alive = self._gate.genuinely_alive(cells)
             if len(alive) <= 1:
                 log.debug("injector: %d genuinely alive cell(s); deferring", len(alive))

@@ -8,6 +8,7 @@ train (with retries and healing) → group-level test actions → checkpoint.
 from __future__ import annotations
 
 import logging
+import time
 import ray
 
 from ftexp.audit.analyzer import raise_on_issues
@@ -16,7 +17,7 @@ from ftexp.config import TestActionKind
 from ftexp.trainer.cell_rank import CellRank
 from ftexp.trainer.group import TrainGroup
 from ftexp.trainer.store import LoopbackStore
-from ftexp.trainer.side import SideSpec, restore_events
+from ftexp.trainer.side import SideSpec, append_perf, restore_events
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,9 @@ def run_ft_driver(spec: SideSpec) -> None:
         group.init(load_rollout_id=rollouts.start - 1 if spec.load_dir is not None else None)
         for rollout_id in rollouts:
             raise_on_issues(read_events(spec.events_dir))  # fail fast on the previous rollout's events
+            started = time.monotonic()
             metrics = group.train(rollout_id)
+            append_perf(spec.side_dir, rollout_id, time.monotonic() - started)
             log.info("target rollout %d committed: loss=%.6f alive=%s", rollout_id, metrics.get("train/loss", float("nan")),
                      group.alive_indices())
             _group_actions(spec, group, rollout_id)

@@ -22,7 +22,7 @@ from ftexp.trainer.collectives import sum_across
 from ftexp.trainer.replica import Replica, load_checkpoint, save_checkpoint, train_step
 from ftexp.trainer.rollout_data import load_rollout, rollout_path
 from ftexp.trainer.store import LoopbackStore
-from ftexp.trainer.side import SideSpec, append_metrics, restore_events, snapshot_events
+from ftexp.trainer.side import SideSpec, append_metrics, append_perf, restore_events, snapshot_events
 
 log = logging.getLogger(__name__)
 COORDS = {"pp": 0, "tp": 0, "cp": 0, "ep": 0}
@@ -46,9 +46,11 @@ def _rank_main(spec: SideSpec, rank: int, store_port: int) -> None:
     for rollout_id in spec.rollout_ids():
         rollout = load_rollout(rollout_path(spec.data_dir, rollout_id), expected_rollout_id=rollout_id)
         dump = (lambda: replica.dump(spec.dump_leaf(rollout_id), COORDS)) if rank == 0 else (lambda: None)
+        started = time.monotonic()
         _, metrics = train_step(replica, rollout, rollout_id, shard_rank=rank, shard_size=spec.num_cells,
                                 reduce=reduce, on_commit=dump)
         if rank == 0:
+            append_perf(spec.side_dir, rollout_id, time.monotonic() - started)
             append_metrics(spec.side_dir, rollout_id, 0, metrics)
             events.log(MetricEvent(rollout_id=rollout_id, attempt=0, metrics=metrics))
             log.info("baseline rollout %d committed: loss=%.6f", rollout_id, metrics["train/loss"])

@@ -78,6 +78,12 @@ def append_metrics(side_dir: Path, rollout_id: int, attempt: int, metrics: dict[
         f.write(json.dumps({"step": rollout_id, "attempt": attempt, **metrics}) + "\n")
 
 
+def append_perf(side_dir: Path, rollout_id: int, step_time_s: float) -> None:
+    """Wall time of one committed rollout as the side's loop saw it (for benchmarks, never compared)."""
+    with open(side_dir / "perf.jsonl", "a") as f:
+        f.write(json.dumps({"step": rollout_id, "step_time_s": step_time_s}) + "\n")
+
+
 def snapshot_events(events_dir: Path, iter_dir: Path) -> None:
     """Copy the event dir into the checkpoint, so the audit trail survives resume (spec §5)."""
     dst = iter_dir / "debug_events"

@@ -223,7 +223,7 @@ def forward_backward(model, microbatches: list[dict], forward_only: bool = False
         data_iterator=iter(microbatches),
         model=[model],
         num_microbatches=len(microbatches),
-        seq_length=first.shape[1] // parallel_state.get_context_parallel_world_size(),
+        seq_length=first.shape[1],  # the full sequence: the schedule divides by CP (and TP under SP)
         micro_batch_size=first.shape[0],
         forward_only=forward_only,
     )

@@ -27,6 +27,7 @@ class Stage(enum.Enum):
     baseline = "baseline"  # one side only (debugging); honours `phase=`
     target = "target"
     compare = "compare"    # re-verify an existing run_dir, no training
+    collect = "collect"    # wait for a run submitted with launcher.wait=false, then report its verdict
 
 
 class Engine(enum.Enum):
@@ -149,11 +150,24 @@ class TrainerConfig:
     negative_control: Optional[NegativeControl] = None
 
 
+class LauncherKind(enum.Enum):
+    local = "local"  # submitit LocalExecutor: jobs are processes on this machine
+    slurm = "slurm"  # submitit SlurmExecutor: jobs are sbatch jobs
+
+
 @dataclass
 class LauncherConfig:
-    name: str = "local"                   # submitit LocalExecutor
-    timeout_min: float = 30.0
+    name: LauncherKind = LauncherKind.local
+    timeout_min: int = 30
     poll_interval_s: float = 0.5
+    wait: bool = True                     # false: submit the whole run as one job and return at once
+    # Slurm only (sbatch options); additional_parameters holds any other sbatch option.
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    nodes: int = 1
+    cpus_per_task: Optional[int] = None
+    gpus_per_node: Optional[int] = None
+    additional_parameters: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

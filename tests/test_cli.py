@@ -2,7 +2,7 @@
 
 import pytest
 
-from conftest import run_ftexp
+from ftexp_runner import run_ftexp
 
 
 @pytest.mark.parametrize("overrides, message", [

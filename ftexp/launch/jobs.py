@@ -1,6 +1,6 @@
 """Training jobs through submitit: one job per (side, phase).
 
-``run_side_job(spec, launcher)`` submits :func:`train_side` and waits for it. The job's stdout
+``run_side_job(spec, launcher)`` submits (locally or to Slurm) :func:`train_side` and waits for it. The job's stdout
 and stderr — including every Ray worker's and every DP rank's output — land in
 ``<side_dir>/train.log``. A job that dies hard (``os._exit``, SIGKILL) is detected as soon as
 its process ends, not after submitit's result timeout, and reported with its exit status and the
@@ -18,6 +18,8 @@ from pathlib import Path
 
 import submitit
 
+from ftexp.config import LauncherKind
+from ftexp.launch.progress import SideProgress
 from ftexp.trainer.side import BASELINE, SideSpec
 
 log = logging.getLogger(__name__)
@@ -61,11 +63,39 @@ def _last_error_line(path: Path) -> str:
 
 
 def make_executor(folder: Path, launcher_cfg) -> submitit.Executor:
-    if launcher_cfg.name != "local":
-        raise ValueError(f"unknown launcher {launcher_cfg.name!r}")
-    executor = submitit.LocalExecutor(folder=folder)
-    executor.update_parameters(timeout_min=launcher_cfg.timeout_min)
+    if launcher_cfg.name == LauncherKind.local:
+        executor = submitit.LocalExecutor(folder=folder)
+        executor.update_parameters(timeout_min=launcher_cfg.timeout_min)
+        return executor
+    executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=0)
+    options = {"partition": launcher_cfg.partition, "account": launcher_cfg.account,
+               "cpus_per_task": launcher_cfg.cpus_per_task, "gpus_per_node": launcher_cfg.gpus_per_node}
+    executor.update_parameters(time=launcher_cfg.timeout_min, nodes=launcher_cfg.nodes, job_name="ftexp",
+                               additional_parameters=dict(launcher_cfg.additional_parameters),
+                               **{k: v for k, v in options.items() if v is not None})
     return executor
+
+
+def wait_for(job: submitit.Job, poll_interval_s: float, on_poll=lambda: None) -> None:
+    while not job.done():
+        on_poll()
+        time.sleep(poll_interval_s)
+    on_poll()
+
+
+def job_failure(job: submitit.Job, log_path: Path) -> str | None:
+    """None if the job returned normally; else why it did not, with the tail of its log."""
+    if job.paths.result_pickle.exists():
+        try:
+            job.result()
+            return None
+        except Exception:  # the job raised: its traceback is in the log
+            reason = f"failed: {_last_error_line(log_path)}"
+    else:
+        process = getattr(job, "_process", None)  # LocalJob: the job's controller process
+        code = process.returncode if process is not None else job.state
+        reason = f"died without a result (exit status {code})"
+    return f"{reason}; last lines of {log_path}:\n{log_tail(log_path)}"
 
 
 def run_side_job(spec: SideSpec, launcher_cfg) -> None:
@@ -75,17 +105,8 @@ def run_side_job(spec: SideSpec, launcher_cfg) -> None:
     job = executor.submit(train_side, spec)
     where = f"{spec.side}{'/' + spec.phase if spec.phase else ''}"
     log.info("%s: submitted job %s (log: %s)", where, job.job_id, spec.side_dir / "train.log")
-    while not job.done():
-        time.sleep(launcher_cfg.poll_interval_s)
-    if job.paths.result_pickle.exists():
-        try:
-            job.result()
-            return
-        except Exception:  # the job raised: its traceback is in the log
-            reason = f"failed: {_last_error_line(spec.side_dir / 'train.log')}"
-    else:
-        process = getattr(job, "_process", None)
-        code = process.returncode if process is not None else None
-        reason = f"died without a result (exit status {code})"
-    raise JobFailed(f"training job {where} {reason}; last lines of {spec.side_dir / 'train.log'}:\n"
-                    f"{log_tail(spec.side_dir / 'train.log')}")
+    with SideProgress(where, spec) as progress:
+        wait_for(job, launcher_cfg.poll_interval_s, progress.update)
+    failure = job_failure(job, spec.side_dir / "train.log")
+    if failure:
+        raise JobFailed(f"training job {where} {failure}")

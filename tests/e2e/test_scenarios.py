@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import run_ftexp
+from ftexp_runner import run_ftexp
 
 pytestmark = pytest.mark.e2e
 

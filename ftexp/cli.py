@@ -17,6 +17,7 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from ftexp.config import ExperimentConfig, Stage, register_configs, validate
@@ -69,20 +70,27 @@ def to_config(cfg: DictConfig) -> ExperimentConfig:
 
 
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
-def _hydra_main(cfg: DictConfig) -> None:
+def _hydra_main(cfg: DictConfig) -> int | None:
     from ftexp import pipeline
 
+    # A sweep point runs inside a launcher job: it returns its exit code (result.json records the
+    # verdict for the sweep summary) instead of exiting the job's process.
+    multirun = HydraConfig.get().mode == RunMode.MULTIRUN
     try:
         exp = to_config(cfg)
         if exp.run_dir:
             run_dir = Path(exp.run_dir)
-            if exp.stage == Stage.compare and not run_dir.is_dir():
+            if exp.stage in (Stage.compare, Stage.collect) and not run_dir.is_dir():
                 raise InputError(f"run_dir {run_dir} does not exist")
         else:
             run_dir = Path(HydraConfig.get().runtime.output_dir)
         code = pipeline.run_stage(exp, run_dir)
     except InputError as e:
+        if multirun:
+            raise
         _fail_bad_input(str(e))
+    if multirun:
+        return code
     sys.exit(code)
 
 

@@ -126,10 +126,14 @@ class ThresholdConfig:
 
 
 class NegativeControl(enum.Enum):
-    """Deliberate healing bugs, for tests proving the verdict turns red. Never on by default."""
+    """Deliberate healing and retry bugs, for tests proving the verdict turns red. Never on by default."""
 
     skip_heal_transfer = "skip_heal_transfer"          # healed cell keeps its fresh initial state
     skip_optimizer_transfer = "skip_optimizer_transfer"  # healed cell gets weights but no optimizer state
+    # Every cell commits attempt 0 but reports it discarded, so the retry trains the samples twice (spec §17 R1).
+    double_apply_retry = "double_apply_retry"
+    # A rank whose cross-cell reduce failed steps on its local gradient anyway.
+    leak_discarded_attempt = "leak_discarded_attempt"
 
 
 @dataclass
@@ -148,6 +152,9 @@ class TrainerConfig:
     retry_backoff_max_s: float = 60.0
     threads_per_rank: int = 1             # also keeps CPU kernels bitwise reproducible
     negative_control: Optional[NegativeControl] = None
+    # Witness ids prove every sample was trained exactly once (spec §11); two Embedding(B, 1) in the model.
+    enable_witness: bool = True
+    witness_buffer_size: int = 1048576    # ids live in a ring of this size; >= samples per rollout
 
 
 class LauncherKind(enum.Enum):
@@ -170,9 +177,16 @@ class LauncherConfig:
     additional_parameters: dict[str, Any] = field(default_factory=dict)
 
 
+class TrackerKind(enum.Enum):
+    none = "none"    # report.md + curves.png only
+    wandb = "wandb"  # also baseline and target as two wandb runs in one group
+
+
 @dataclass
 class TrackingConfig:
-    name: str = "none"
+    name: TrackerKind = TrackerKind.none
+    project: str = "ftexp"
+    entity: Optional[str] = None
 
 
 @dataclass
@@ -246,5 +260,5 @@ def validate(cfg: ExperimentConfig) -> None:
                 re.compile(pattern)
             except re.error as e:
                 raise InputError(f"threshold: bad regex {pattern!r}: {e}") from None
-    if cfg.stage == Stage.compare and not cfg.run_dir:
-        raise InputError("stage=compare needs run_dir=<an existing run directory>")
+    if cfg.stage in (Stage.compare, Stage.collect) and not cfg.run_dir:
+        raise InputError(f"stage={cfg.stage.value} needs run_dir=<an existing run directory>")

@@ -10,15 +10,21 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import time
 from pathlib import Path
+
+from omegaconf import OmegaConf
 
 from ftexp.config import ExperimentConfig, PhaseConfig, Stage
 from ftexp.errors import InputError
+from ftexp.launch.detached import submit_run, wait_for_submission
 from ftexp.launch.jobs import JobFailed, run_side_job
 from ftexp.scenarios import verify_run
 from ftexp.trainer.model import build_model
 from ftexp.trainer.rollout_data import generate_rollout, rollout_path, save_rollout
 from ftexp.trainer.side import BASELINE, TARGET, SideSpec
+from ftexp.tracking import track
+from ftexp.tracking.result import build_result, write_result
 from ftexp.verify.report import CheckResult, Verdict, plot_curves, write_report
 
 log = logging.getLogger("ftexp")
@@ -78,13 +84,21 @@ def read_metric_series(side_root: Path) -> dict[str, list[tuple[int, float]]]:
     return series
 
 
-def verify(cfg: ExperimentConfig, run_dir: Path, extra_checks: list[CheckResult] = ()) -> Verdict:
+def verify(cfg: ExperimentConfig, run_dir: Path, extra_checks: list[CheckResult] = (),
+           started: float | None = None) -> Verdict:
+    """Check, write report + curves + result.json, and hand the curves to the tracker."""
     checks = list(extra_checks) or verify_run(cfg, run_dir)
     verdict = Verdict(scenario=cfg.scenario.name, mode=cfg.mode.name, checks=checks)
     write_report(run_dir, verdict, {"run_dir": str(run_dir)})
-    plot_curves(read_metric_series(run_dir / BASELINE), read_metric_series(run_dir / TARGET), run_dir / "curves.png",
-                f"{cfg.scenario.name} / {cfg.mode.name}: baseline vs target",
+    baseline, target = read_metric_series(run_dir / BASELINE), read_metric_series(run_dir / TARGET)
+    plot_curves(baseline, target, run_dir / "curves.png", f"{cfg.scenario.name} / {cfg.mode.name}: baseline vs target",
                 keys=["train/loss", "train/grad_norm", "train/pg_loss", "train/entropy", "rollout/reward_mean"])
+    overrides_file = run_dir / ".hydra" / "overrides.yaml"
+    overrides = OmegaConf.to_container(OmegaConf.load(overrides_file)) if overrides_file.is_file() else []
+    final = {k: v[-1][1] for k, v in target.items() if v}
+    wall = time.monotonic() - started if started is not None else 0.0
+    write_result(run_dir, build_result(run_dir, verdict, overrides, wall, final))
+    track(cfg, run_dir, baseline, target, verdict)
     status = "PASSED" if verdict.passed else "FAILED"
     log.info("verdict: %s — %s", status, run_dir / "report.md")
     for check in checks:
@@ -95,14 +109,27 @@ def verify(cfg: ExperimentConfig, run_dir: Path, extra_checks: list[CheckResult]
 
 def run_stage(cfg: ExperimentConfig, run_dir: Path) -> int:
     """Run the requested stage; return the process exit code (0 passed, 1 failed)."""
+    started = time.monotonic()
     run_dir.mkdir(parents=True, exist_ok=True)
     stage = cfg.stage
+    if stage == Stage.collect:
+        failure = wait_for_submission(run_dir, cfg.launcher.poll_interval_s)
+        if failure:
+            return 0 if verify(cfg, run_dir, [CheckResult("training", False, failure.splitlines()[0],
+                                                          {"log_tail": failure})]).passed else 1
+        stage = Stage.compare
     if stage == Stage.compare:
         if not (run_dir / "baseline").is_dir() or not (run_dir / "target").is_dir():
             raise InputError(f"{run_dir} holds no baseline/ and target/ training results")
         return 0 if verify(cfg, run_dir).passed else 1
     prepare(cfg, run_dir)
     if stage == Stage.prepare:
+        return 0
+    if stage == Stage.run and not cfg.launcher.wait:
+        job_id = submit_run(cfg, run_dir)
+        print(f"submitted job {job_id} ({cfg.launcher.name.value}); run dir {run_dir}\n"
+              f"collect the verdict with: python -m ftexp mode={cfg.mode.name} scenario={cfg.scenario.name} "
+              f"stage=collect run_dir={run_dir}")
         return 0
     sides = {Stage.baseline: (BASELINE,), Stage.target: (TARGET,), Stage.run: (BASELINE, TARGET)}[stage]
     for stale in ("report.json", "report.md", "curves.png"):
@@ -112,8 +139,8 @@ def run_stage(cfg: ExperimentConfig, run_dir: Path) -> int:
     except JobFailed as e:
         log.error("%s", e)
         verify(cfg, run_dir, [CheckResult(name="training", passed=False, summary=str(e).splitlines()[0],
-                                          details={"log_tail": str(e)})])
+                                          details={"log_tail": str(e)})], started)
         return 1
     if stage != Stage.run:
         return 0
-    return 0 if verify(cfg, run_dir).passed else 1
+    return 0 if verify(cfg, run_dir, started=started).passed else 1

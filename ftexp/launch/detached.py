@@ -1,0 +1,80 @@
+"""Non-blocking runs: ``launcher.wait=false`` submits the training as one job and returns at once.
+
+The job trains every phase of both sides (submitting the per-side jobs itself) and leaves the
+verdict to ``stage=collect run_dir=...``, which waits for the job, then verifies and reports.
+``<run_dir>/submission.json`` records what was submitted, so collect can find it again from
+any process (and, on Slurm, from any machine of the cluster).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+import submitit
+
+from ftexp.config import LauncherKind
+from ftexp.errors import InputError
+from ftexp.launch.jobs import log_tail, make_executor
+
+log = logging.getLogger("ftexp")
+SUBMISSION = "submission.json"
+
+
+def _train_all(cfg, run_dir: Path) -> str:
+    from ftexp.pipeline import train  # the job body; imported here to keep the module graph acyclic
+
+    train(cfg, run_dir, ("baseline", "target"), cfg.phase)
+    return str(run_dir)
+
+
+def submit_run(cfg, run_dir: Path) -> str:
+    """Submit the training of ``run_dir`` as one job; the nested side jobs wait inside it."""
+    inner = dataclasses.replace(cfg, launcher=dataclasses.replace(cfg.launcher, wait=True))
+    folder = run_dir / "submitit_run"
+    job = make_executor(folder, cfg.launcher).submit(_train_all, inner, run_dir)
+    (run_dir / SUBMISSION).write_text(json.dumps(
+        {"job_id": job.job_id, "launcher": cfg.launcher.name.value, "folder": str(folder)}))
+    return job.job_id
+
+
+def _local_job_running(job_id: str) -> bool:
+    """A LocalExecutor job id is its controller's pid; the controller outlives the submitter."""
+    try:
+        os.kill(int(job_id), 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{job_id}/stat")
+    return not (stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] == "Z")
+
+
+def wait_for_submission(run_dir: Path, poll_interval_s: float) -> str | None:
+    """Block until the submitted run ends; None if it trained everything, else why not."""
+    path = run_dir / SUBMISSION
+    if not path.is_file():
+        raise InputError(f"{run_dir} has no {SUBMISSION}: it was not submitted with launcher.wait=false")
+    try:
+        sub = json.loads(path.read_text())
+        job_id, kind, folder = sub["job_id"], LauncherKind(sub["launcher"]), Path(sub["folder"])
+    except (ValueError, KeyError) as e:
+        raise InputError(f"{path} is malformed: {e}") from None
+    if kind == LauncherKind.slurm:
+        job: submitit.Job = submitit.SlurmJob(folder=folder, job_id=job_id)
+        while not job.done():
+            time.sleep(poll_interval_s)
+    else:
+        job = submitit.LocalJob(folder=folder, job_id=job_id)
+        while _local_job_running(job_id) and not job.paths.result_pickle.exists():
+            time.sleep(poll_interval_s)
+    log.info("submitted run %s (job %s) ended", run_dir, job_id)
+    if job.paths.result_pickle.exists():
+        try:
+            job.result()
+            return None
+        except Exception as e:
+            return f"the training job failed: {str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__}"
+    return f"the training job {job_id} died without a result; its log:\n{log_tail(job.paths.stderr)}"

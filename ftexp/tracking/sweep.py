@@ -1,0 +1,94 @@
+"""Sweep summary: after ``python -m ftexp -m ...``, one table over every sweep point.
+
+A Hydra callback (registered in ``conf/config.yaml``) runs when the multirun ends. It reads each
+point's ``result.json`` and writes ``sweep_summary.json``, ``sweep_summary.md`` and
+``sweep_summary.png`` (pass rate per crash probability) into the sweep dir. A point that left no
+result file (its job died) is a FAILED row, never a missing one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+from ftexp.tracking.result import RESULT_FILE
+
+log = logging.getLogger("ftexp")
+
+
+def _crash_probability(overrides: list[str]) -> str:
+    for o in overrides:
+        if o.split("=", 1)[0].endswith("crash_probability"):
+            return o.split("=", 1)[1]
+    return "-"
+
+
+def summarize(sweep_dir: Path, num_jobs: int) -> dict[str, Any]:
+    rows = []
+    for num in range(num_jobs):
+        point = sweep_dir / str(num)
+        path = point / RESULT_FILE
+        if path.is_file():
+            rows.append({"job": num, **json.loads(path.read_text())})
+        else:
+            overrides_file = point / ".hydra" / "overrides.yaml"
+            rows.append({"job": num, "run_dir": str(point), "passed": False, "failed_checks": ["no result file"],
+                         "overrides": overrides_file.read_text().split("\n") if overrides_file.is_file() else []})
+    by_p: dict[str, list[bool]] = defaultdict(list)
+    for row in rows:
+        by_p[_crash_probability(row.get("overrides", []))].append(bool(row["passed"]))
+    pass_rate = {p: sum(v) / len(v) for p, v in sorted(by_p.items())}
+    return {"sweep_dir": str(sweep_dir), "points": rows, "pass_rate_by_crash_probability": pass_rate,
+            "passed": sum(r["passed"] for r in rows), "total": len(rows)}
+
+
+def render_markdown(summary: dict[str, Any]) -> str:
+    lines = [f"# ftexp sweep: {summary['passed']}/{summary['total']} points PASSED", "",
+             "| job | overrides | verdict | injections | heals | train/loss | wall s |", "|---|---|---|---|---|---|---|"]
+    for r in summary["points"]:
+        loss = r.get("final_metrics", {}).get("train/loss")
+        lines.append(f"| {r['job']} | `{' '.join(r.get('overrides', []))}` | {'PASSED' if r['passed'] else 'FAILED'} "
+                     f"| {r.get('injections', '-')} | {r.get('heals', '-')} | {'-' if loss is None else f'{loss:.6g}'} "
+                     f"| {r.get('wall_time_s', '-')} |")
+    lines += ["", "| crash probability | pass rate |", "|---|---|"]
+    lines += [f"| {p} | {rate:.0%} |" for p, rate in summary["pass_rate_by_crash_probability"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def plot_pass_rate(summary: dict[str, Any], path: Path) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    rates = summary["pass_rate_by_crash_probability"]
+    fig = Figure(figsize=(5, 3))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    ax.bar(list(rates), [100 * v for v in rates.values()])
+    ax.set_xlabel("crash probability")
+    ax.set_ylabel("pass rate (%)")
+    ax.set_ylim(0, 105)
+    ax.set_title(f"{summary['passed']}/{summary['total']} sweep points passed")
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def write_summary(sweep_dir: Path, num_jobs: int) -> dict[str, Any]:
+    summary = summarize(sweep_dir, num_jobs)
+    (sweep_dir / "sweep_summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    (sweep_dir / "sweep_summary.md").write_text(render_markdown(summary))
+    plot_pass_rate(summary, sweep_dir / "sweep_summary.png")
+    log.info("sweep: %d/%d points passed — %s", summary["passed"], summary["total"], sweep_dir / "sweep_summary.md")
+    return summary
+
+
+class SweepSummaryCallback(Callback):
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        # Sweep points live in numbered subdirs (hydra.sweep.subdir = job number).
+        write_summary(sweep_dir, len([p for p in sweep_dir.iterdir() if p.name.isdigit()]))

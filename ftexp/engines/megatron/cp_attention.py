@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 
 import torch
-from megatron.core import parallel_state
+from megatron.core.process_groups_config import ProcessGroupCollection
 from megatron.core.tensor_parallel.mappings import gather_from_sequence_parallel_region
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
@@ -55,11 +55,10 @@ class ContextParallelAttention(MegatronModule):
         dropout = config.attention_dropout if attention_dropout is None else attention_dropout
         if dropout != 0.0:
             raise ValueError("ContextParallelAttention has no attention dropout; set attention_dropout=0")
-        tp_group = pg_collection.tp if pg_collection is not None else parallel_state.get_tensor_model_parallel_group()
-        self.cp_group = (
-            pg_collection.cp if pg_collection is not None else parallel_state.get_context_parallel_group()
-        )
-        tp_size = tp_group.size()
+        if pg_collection is None:  # Megatron's Attention passes its groups; standalone use takes the global ones
+            pg_collection = ProcessGroupCollection.use_mpu_process_groups(required_pgs=["tp", "cp"])
+        self.cp_group = pg_collection.cp
+        tp_size = pg_collection.tp.size()
         self.heads_per_partition = config.num_attention_heads // tp_size
         self.query_groups_per_partition = config.num_query_groups // tp_size
         self.head_dim = config.kv_channels

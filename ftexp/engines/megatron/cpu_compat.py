@@ -26,7 +26,7 @@ import torch
 MEGATRON_CORE_VERSION = "0.16.1"
 
 _CPU = torch.device("cpu")
-_FACTORIES = frozenset({"empty", "zeros", "ones", "full", "tensor", "arange"})
+_FACTORIES = frozenset({"zeros", "ones", "tensor"})  # the ones these modules call with device="cuda"
 _applied = False
 
 
@@ -37,12 +37,11 @@ def _is_cuda(device) -> bool:
 
 
 def _on_cpu(factory):
-    """Wrap a tensor factory so that CUDA placement and pinned memory become plain CPU memory."""
+    """Wrap a tensor factory so that `device="cuda"` places the tensor on the CPU."""
 
     def factory_on_cpu(*args, **kwargs):
         if _is_cuda(kwargs.get("device")):
             kwargs["device"] = _CPU
-        kwargs.pop("pin_memory", None)  # pinning needs an accelerator; CPU memory is already host memory
         return factory(*args, **kwargs)
 
     return factory_on_cpu
@@ -71,7 +70,6 @@ class _CpuCuda:
     """`torch.cuda` as seen by patched Megatron modules: the current device is the CPU."""
 
     Stream = _NoStream
-    Event = _NoStream
 
     @staticmethod
     def current_device():
@@ -80,8 +78,6 @@ class _CpuCuda:
     @staticmethod
     def current_stream(device=None):
         return _CPU_STREAM
-
-    default_stream = current_stream
 
     @staticmethod
     def stream(stream):
@@ -93,10 +89,9 @@ class _CpuCuda:
 
     # The "CUDA" RNG states Megatron tracks (dropout, init forks) live in the CPU generator.
     get_rng_state = staticmethod(torch.get_rng_state)
-    set_rng_state = staticmethod(torch.set_rng_state)
     manual_seed = staticmethod(torch.manual_seed)
 
-    def __getattr__(self, name):
+    def __getattr__(self, name):  # everything else (is_available, amp, ...) is the real torch.cuda
         return getattr(torch.cuda, name)
 
 
@@ -112,32 +107,23 @@ class _CpuTorch(types.ModuleType):
         return _on_cpu(attr) if name in _FACTORIES else attr
 
 
-# Modules whose code reaches for the CUDA device on the paths used here (init, forward, backward,
-# grad reduction, optimizer step, pipeline p2p). Each gets the `_CpuTorch` view.
+# The modules whose code reaches for the CUDA device on the paths used here (build, forward,
+# backward, grad reduction, optimizer step, pipeline p2p) — found by logging every use of the
+# view while the equivalence tests ran. Each gets the `_CpuTorch` view.
 _CUDA_ASSUMING_MODULES = (
-    "megatron.core.utils",  # global memory buffer for attention scores, nvtx ranges
-    "megatron.core.tensor_parallel.layers",  # linear-layer buffers for sequence-parallel gathers
-    "megatron.core.tensor_parallel.mappings",  # all-gather / reduce-scatter / all-to-all outputs
-    "megatron.core.tensor_parallel.random",  # the CUDA RNG tracker -> CPU generator
-    "megatron.core.tensor_parallel.utils",  # split/gather helpers
+    "megatron.core.utils",  # global memory buffer (attention scores), local grad-norm fallback
+    "megatron.core.tensor_parallel.layers",  # sequence-parallel all-gather buffers
+    "megatron.core.tensor_parallel.mappings",  # outputs of all-gather / reduce-scatter / all-to-all
+    "megatron.core.tensor_parallel.random",  # the "CUDA" RNG tracker seeds and saves generator states
     "megatron.core.transformer.utils",  # default causal mask
-    "megatron.core.transformer.module",
-    "megatron.core.transformer.attention",
-    "megatron.core.transformer.transformer_layer",
-    "megatron.core.transformer.moe.router",  # aux-loss and routing buffers
-    "megatron.core.transformer.moe.experts",
-    "megatron.core.transformer.moe.moe_utils",
-    "megatron.core.transformer.moe.token_dispatcher",  # the device-to-host stream of the alltoall dispatcher
-    "megatron.core.models.gpt.gpt_model",
-    "megatron.core.models.common.embeddings.rope_utils",  # pinned CP index tensor
-    "megatron.core.models.common.embeddings.rotary_pos_embedding",
-    "megatron.core.pipeline_parallel.schedules",  # token counters
-    "megatron.core.pipeline_parallel.p2p_communication",  # shape and activation receive buffers
-    "megatron.core.distributed.distributed_data_parallel",
-    "megatron.core.distributed.param_and_grad_buffer",  # the contiguous param/grad buffers
-    "megatron.core.optimizer.optimizer",
-    "megatron.core.optimizer.distrib_optimizer",
-    "megatron.core.optimizer.clip_grads",  # grad-norm reduction buffer
+    "megatron.core.transformer.moe.router",  # aux-loss buffers
+    "megatron.core.transformer.moe.token_dispatcher",  # device-to-host stream for the split sizes
+    "megatron.core.models.common.embeddings.rotary_pos_embedding",  # inverse frequencies
+    "megatron.core.pipeline_parallel.schedules",  # token counter
+    "megatron.core.pipeline_parallel.p2p_communication",  # receive buffers, synchronize
+    "megatron.core.distributed.param_and_grad_buffer",  # contiguous param/grad buffers
+    "megatron.core.optimizer.optimizer",  # found-inf / scale tensors
+    "megatron.core.optimizer.clip_grads",  # grad-norm buffers
 )
 
 

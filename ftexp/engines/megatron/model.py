@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import partial
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -162,7 +163,11 @@ def build_gpt(preset_name: str, layout: Layout = Layout(), seed: int = 1234) -> 
 
 
 def wrap_for_training(
-    model: GPTModel, lr: float = 1e-3, adam_eps: float = 1e-8, clip_grad: float = 1.0, distributed_optimizer: bool = False
+    model: GPTModel,
+    lr: float = 1e-3,
+    adam_eps: float = 1e-8,
+    clip_grad: float = 1.0,
+    distributed_optimizer: bool = False,
 ):
     """Megatron DDP (fp32 grad buffers) and its Adam optimizer; wires the schedule's grad hooks."""
     ddp_config = DistributedDataParallelConfig(
@@ -204,7 +209,8 @@ def _loss(loss_mask: torch.Tensor, per_token_loss: torch.Tensor):
     local_sum = (per_token_loss.float() * loss_mask).sum()
     counts = torch.stack([local_sum.detach(), loss_mask.sum()])
     torch.distributed.all_reduce(counts, group=cp_group)
-    return local_sum / counts[1], {"lm loss": counts[0] / counts[1]}
+    num_tokens = counts[1].clamp(min=1)  # a fully masked microbatch contributes nothing, not NaN
+    return local_sum / num_tokens, {"lm loss": counts[0] / num_tokens}
 
 
 def _forward_step(data_iterator, model):
@@ -237,17 +243,22 @@ def forward_backward(model, microbatches: list[dict], forward_only: bool = False
     return loss.item() / parallel_state.get_data_parallel_world_size()
 
 
-def train_step(model, optimizer, microbatches: list[dict], on_grads=None) -> float:
+class StepResult(NamedTuple):
+    loss: float  # global-batch mean loss (same on every rank)
+    grad_norm: float  # total grad norm before clipping, over the whole model
+
+
+def train_step(model, optimizer, microbatches: list[dict], on_grads=None) -> StepResult:
     """One optimizer step; `on_grads(model)` sees the reduced grads before the optimizer changes them."""
     model.zero_grad_buffer()
     optimizer.zero_grad()
     loss = forward_backward(model, microbatches)
     if on_grads is not None:
         on_grads(model)
-    succeeded, _grad_norm, _ = optimizer.step()
+    succeeded, grad_norm, _ = optimizer.step()
     if not succeeded:
         raise RuntimeError("Megatron optimizer step was skipped")
-    return loss
+    return StepResult(loss, grad_norm)
 
 
 # ---- global names and TP sharding ---------------------------------------------------------
@@ -288,10 +299,11 @@ def _global_names(model: GPTModel) -> dict[str, str]:
 def _shard_info(name: str, param: torch.Tensor) -> ShardInfo:
     if not getattr(param, "tensor_model_parallel", False):
         return ShardInfo()
+    ps = parallel_state
     if ".experts." in name:  # experts are split over the expert-TP group, not the dense TP group
-        rank, size = parallel_state.get_expert_tensor_parallel_rank(), parallel_state.get_expert_tensor_parallel_world_size()
+        rank, size = ps.get_expert_tensor_parallel_rank(), ps.get_expert_tensor_parallel_world_size()
     else:
-        rank, size = parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_tensor_model_parallel_world_size()
+        rank, size = ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size()
     return ShardInfo(rank, size, param.partition_dim, param.partition_stride)
 
 
@@ -335,7 +347,7 @@ def load_full_state(model, full_state: dict[str, torch.Tensor]) -> None:
 
 
 __all__ = [
-    "GPTPreset", "PRESETS", "Layout", "ShardInfo", "transformer_config", "build_gpt", "wrap_for_training",
-    "synthetic_microbatches", "forward_backward", "train_step", "local_shards", "shard_of",
+    "GPTPreset", "PRESETS", "Layout", "ShardInfo", "StepResult", "transformer_config", "build_gpt",
+    "wrap_for_training", "synthetic_microbatches", "forward_backward", "train_step", "local_shards", "shard_of",
     "assemble_full", "load_full_state",
 ]

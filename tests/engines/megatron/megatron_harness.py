@@ -36,7 +36,7 @@ ADAM_EPS = 1e-6
 @dataclass
 class LayoutRun:
     losses: list[float]
-    grads: list[dict[str, torch.Tensor]]  # per step, full (TP-assembled) tensors by global name
+    grads: list[dict[str, torch.Tensor]]  # per step, full (TP-assembled) by global name; [] under DistOpt
     weights: list[dict[str, torch.Tensor]]  # after each step
     step_seconds: list[list[float]]  # per rank
     peak_rss_mb: list[float]  # per rank
@@ -55,7 +55,7 @@ def _quiet_expected_warnings():
     warnings.filterwarnings("ignore", category=FutureWarning, message="`torch.distributed.")
 
 
-def _worker(rank, world, port, preset, layout, steps, out_dir, init_path):
+def _worker(rank, world, port, preset, layout, steps, out_dir, init_path, distributed_optimizer):
     _quiet_expected_warnings()
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # keep gloo's data connections on loopback
     torch.set_num_threads(1)  # N ranks share few cores; more threads only oversubscribe them
@@ -68,16 +68,19 @@ def _worker(rank, world, port, preset, layout, steps, out_dir, init_path):
     if init_path is not None:
         mg.load_full_state(model, torch.load(init_path))
     initial = mg.local_shards(model)
-    ddp_model, optimizer = mg.wrap_for_training(model, adam_eps=ADAM_EPS)
+    ddp_model, optimizer = mg.wrap_for_training(model, adam_eps=ADAM_EPS, distributed_optimizer=distributed_optimizer)
 
     dp_size, dp_rank = parallel_state.get_data_parallel_world_size(), parallel_state.get_data_parallel_rank()
     microbatches = mg.synthetic_microbatches(preset, GLOBAL_MICROBATCHES, seed=DATA_SEED)[dp_rank::dp_size]
     losses, grads, weights, seconds = [], [], [], []
+
+    def record_grads(m):
+        grads.append(mg.local_shards(m, grads=True))
+
     for _ in range(steps):
         start = time.perf_counter()
-        losses.append(
-            mg.train_step(ddp_model, optimizer, microbatches, on_grads=lambda m: grads.append(mg.local_shards(m, grads=True)))
-        )
+        on_grads = None if distributed_optimizer else record_grads  # see run_layout
+        losses.append(mg.train_step(ddp_model, optimizer, microbatches, on_grads=on_grads).loss)
         seconds.append(time.perf_counter() - start)
         weights.append(mg.local_shards(ddp_model))
     peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -101,16 +104,22 @@ def _assemble(per_rank: list[dict]) -> dict[str, torch.Tensor]:
     return {name: assemble_full(list(by_rank.values())) for name, by_rank in collected.items()}
 
 
-def run_layout(preset: str, layout, world: int, steps: int, out_dir: Path, init_state: Path | None = None) -> LayoutRun:
+def run_layout(
+    preset: str, layout, world: int, steps: int, out_dir: Path, init_state: Path | None = None,
+    distributed_optimizer: bool = False,
+) -> LayoutRun:
     """Spawn `world` ranks for `layout`; with `init_state`, start from those full weights."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    mp.spawn(_worker, args=(world, _free_port(), preset, layout, steps, str(out_dir), init_state), nprocs=world)
+    args = (world, _free_port(), preset, layout, steps, str(out_dir), init_state, distributed_optimizer)
+    mp.spawn(_worker, args=args, nprocs=world)
     ranks = [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(world)]
     if init_state is None:
         torch.save(_assemble([r["initial"] for r in ranks]), out_dir / "initial.pt")
     return LayoutRun(
         losses=ranks[0]["losses"],
-        grads=[_assemble([r["grads"][s] for r in ranks]) for s in range(steps)],
+        # The distributed optimizer reduce-scatters grads: each DP rank's buffer is right only in
+        # the slice it owns, so there are no full grads to assemble (losses and weights still are).
+        grads=[_assemble([r["grads"][s] for r in ranks]) for s in range(len(ranks[0]["grads"]))],
         weights=[_assemble([r["weights"][s] for r in ranks]) for s in range(steps)],
         step_seconds=[r["seconds"] for r in ranks],
         peak_rss_mb=[r["peak_rss_mb"] for r in ranks],

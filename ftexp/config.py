@@ -95,11 +95,52 @@ class PhaseConfig:
 
 
 @dataclass
+class ControlConfig:
+    """The control plane of the target driver (spec §6–7): HTTP API, heartbeats, mini controller."""
+
+    enabled: bool = False
+    host: str = "127.0.0.1"
+    port: int = 0                         # 0: pick a free port (recorded in the events and the log)
+    heartbeat_interval_s: float = 10.0
+    heartbeat_timeout_s: float = 10.0
+    heartbeat_first_wait_s: float = 300.0
+    heartbeat_failure_threshold: int = 3
+    controller: bool = True               # the mini FT controller heals unhealthy/suspended cells
+    controller_poll_interval_s: float = 10.0
+    controller_resume_delay_s: float = 10.0
+
+    @property
+    def detection_s(self) -> float:
+        """Worst case from a frozen cell to Healthy=False: threshold checks, each interval + timeout."""
+        return self.heartbeat_failure_threshold * (self.heartbeat_interval_s + self.heartbeat_timeout_s)
+
+
+@dataclass
+class SoakConfig:
+    """Random fault injection against the control server (spec §8.3), for non-comparison scenarios."""
+
+    enabled: bool = False
+    crash_probability: float = 0.5
+    # Mean seconds between injections = time_unit_s / crash_probability (the reference uses 60 s).
+    time_unit_s: float = 60.0
+    modes: list[str] = field(default_factory=lambda: ["sigkill", "exit", "segfault"])
+    first_mode: Optional[str] = None      # force the first injection's mode (e.g. deadlock)
+    poll_interval_s: float = 2.0
+    min_injections: int = 2
+    min_heals: int = 2
+    simulated_rollout_s: float = 0.0      # stands in for generation time, so faults land mid-run
+    step_deadline_s: float = 600.0        # no commit for this long = a hang: fail with a diagnosis
+
+
+@dataclass
 class ScenarioConfig:
     name: str = MISSING
     num_rollout: int = MISSING            # exclusive end rollout id
+    num_steps: Optional[int] = None       # soak scenarios: rollouts to train (num_rollout follows it)
     deterministic: bool = False           # fixed-order reductions + deterministic kernels
     phases: list[PhaseConfig] = field(default_factory=lambda: [PhaseConfig()])
+    control: ControlConfig = field(default_factory=ControlConfig)
+    soak: SoakConfig = field(default_factory=SoakConfig)
 
 
 @dataclass
@@ -219,6 +260,24 @@ def register_configs() -> None:
         cs.store(group=group, name=f"{group}_schema", node=node)
 
 
+def validate_timeouts(cfg: ExperimentConfig) -> None:
+    """Cross-cell PG timeout < heartbeat detection < step deadline, or faults are misdiagnosed.
+
+    A peer blocked on a dead cell must fail its collective (and discard) before heartbeats could
+    declare it dead too; and a real hang must be detected by heartbeats well before the step
+    deadline gives up on the whole run.
+    """
+    control, soak, pg = cfg.scenario.control, cfg.scenario.soak, cfg.trainer.cross_cell_timeout_s
+    if not control.enabled:
+        return
+    if not pg < control.detection_s:
+        raise InputError(f"timeouts: trainer.cross_cell_timeout_s={pg:g} must be < heartbeat detection "
+                         f"(failure_threshold x (interval + timeout) = {control.detection_s:g} s)")
+    if soak.enabled and not control.detection_s + control.heartbeat_first_wait_s < soak.step_deadline_s:
+        raise InputError(f"timeouts: heartbeat first wait + detection ({control.heartbeat_first_wait_s + control.detection_s:g} s)"
+                         f" must be < scenario.soak.step_deadline_s={soak.step_deadline_s:g}")
+
+
 def validate(cfg: ExperimentConfig) -> None:
     """Cross-group checks that a schema cannot express. Raises InputError (exit 2) before launch."""
     from ftexp.verify.predicate import parse_predicate
@@ -260,5 +319,6 @@ def validate(cfg: ExperimentConfig) -> None:
                 re.compile(pattern)
             except re.error as e:
                 raise InputError(f"threshold: bad regex {pattern!r}: {e}") from None
+    validate_timeouts(cfg)
     if cfg.stage in (Stage.compare, Stage.collect) and not cfg.run_dir:
         raise InputError(f"stage={cfg.stage.value} needs run_dir=<an existing run directory>")

@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 from ftexp.config import ExperimentConfig, PhaseConfig, Stage
 from ftexp.errors import InputError
 from ftexp.launch.detached import submit_run, wait_for_submission
+from ftexp.faults.soak import SoakInjection
 from ftexp.launch.jobs import JobFailed, run_side_job
 from ftexp.scenarios import verify_run
 from ftexp.trainer.model import build_model
@@ -58,14 +59,25 @@ def side_spec(cfg: ExperimentConfig, run_dir: Path, side: str, phase: PhaseConfi
 
 
 def train(cfg: ExperimentConfig, run_dir: Path, sides: tuple[str, ...], only_phase: str | None) -> None:
+    soak = cfg.scenario.soak
     for phase in cfg.scenario.phases:
         if only_phase is not None and phase.name != only_phase:
             continue
         for side in sides:
+            if soak.enabled and side == BASELINE:
+                continue  # a soak is not a comparison: it only runs the fault-tolerant side
             spec = side_spec(cfg, run_dir, side, phase)
             if spec.side_dir.exists():
                 shutil.rmtree(spec.side_dir)  # a side's results are always from one fresh run
-            run_side_job(spec, cfg.launcher)
+            spec.side_dir.mkdir(parents=True)
+            if not soak.enabled:
+                run_side_job(spec, cfg.launcher)
+                continue
+            injection = SoakInjection(soak, cfg.seed, spec.side_dir)
+            try:
+                run_side_job(spec, cfg.launcher, on_poll=injection.poll)
+            finally:
+                injection.stop()
 
 
 def read_metric_series(side_root: Path) -> dict[str, list[tuple[int, float]]]:
@@ -119,7 +131,8 @@ def run_stage(cfg: ExperimentConfig, run_dir: Path) -> int:
                                                           {"log_tail": failure})]).passed else 1
         stage = Stage.compare
     if stage == Stage.compare:
-        if not (run_dir / "baseline").is_dir() or not (run_dir / "target").is_dir():
+        needed = ("target",) if cfg.scenario.soak.enabled else ("baseline", "target")
+        if not all((run_dir / side).is_dir() for side in needed):
             raise InputError(f"{run_dir} holds no baseline/ and target/ training results")
         return 0 if verify(cfg, run_dir).passed else 1
     prepare(cfg, run_dir)

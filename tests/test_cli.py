@@ -41,3 +41,11 @@ def test_all_seed_modes_are_described(tmp_path):
                  "colocate_dp2_cp2_rollout_ft", "6node_dp4_cp2_tp2_pp2_ep2_etp2"]:
         result = run_ftexp(f"mode={mode}", f"hydra.run.dir={tmp_path}/{mode}", cwd=tmp_path, timeout=120)
         assert result.returncode == 2 and f"mode {mode} needs" in result.stderr, (mode, result.stderr)
+
+
+def test_timeout_hierarchy_is_enforced(tmp_path):
+    """A cross-cell timeout longer than heartbeat detection would misdiagnose a blocked peer as dead."""
+    result = run_ftexp("mode=dp4", "scenario=ft_random", "trainer.cross_cell_timeout_s=60",
+                       f"hydra.run.dir={tmp_path}/run", cwd=tmp_path, timeout=120)
+    assert result.returncode == 2
+    assert "must be < heartbeat detection" in result.stderr

@@ -79,7 +79,8 @@ class Injection:
 class RandomInjector:
     def __init__(self, base_url: str, seed: int, crash_probability: float, time_unit_s: float = 60.0,
                  poll_interval: float = 2.0, modes: Sequence[FailureMode] = DEFAULT_MODES,
-                 clock: Clock | None = None, http_client: httpx.Client | None = None) -> None:
+                 clock: Clock | None = None, http_client: httpx.Client | None = None,
+                 first_mode: FailureMode | None = None) -> None:
         if not 0.0 <= crash_probability <= 1.0:
             raise InputError(f"crash_probability must be in [0, 1], got {crash_probability}")
         if not modes:
@@ -87,6 +88,8 @@ class RandomInjector:
         self._cells_url = f"{base_url.rstrip('/')}/api/v1/cells"
         self.mean_interval_s = time_unit_s / max(crash_probability, 0.01)
         self._poll_interval, self._modes = poll_interval, [FailureMode(m) for m in modes]
+        # A soak can force its first injection's mode (e.g. a deadlock) so that every seed covers it.
+        self._first_mode = FailureMode(first_mode) if first_mode is not None else None
         self._rng = random.Random(seed)
         self._clock = clock or RealClock()
         self._owns_http = http_client is None
@@ -129,6 +132,8 @@ class RandomInjector:
                 log.debug("injector: %d genuinely alive cell(s); deferring", len(alive))
                 continue
             target, mode = self._rng.choice(alive).metadata.name, self._rng.choice(self._modes)
+            if self._first_mode is not None and not self.injections:
+                mode = self._first_mode
             if self._inject(target, mode):
                 next_time = self._draw_next_time()
 

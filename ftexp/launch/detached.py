@@ -36,7 +36,10 @@ def submit_run(cfg, run_dir: Path) -> str:
     """Submit the training of ``run_dir`` as one job; the nested side jobs wait inside it."""
     inner = dataclasses.replace(cfg, launcher=dataclasses.replace(cfg.launcher, wait=True))
     folder = run_dir / "submitit_run"
-    job = make_executor(folder, cfg.launcher).submit(_train_all, inner, run_dir)
+    # The run job waits for every side job of every phase in turn: give it their time limits together.
+    outer = dataclasses.replace(cfg.launcher, timeout_min=cfg.launcher.timeout_min * (2 * len(cfg.scenario.phases) + 1))
+    with submitit.helpers.clean_env():  # see run_side_job
+        job = make_executor(folder, outer).submit(_train_all, inner, run_dir)
     (run_dir / SUBMISSION).write_text(json.dumps(
         {"job_id": job.job_id, "launcher": cfg.launcher.name.value, "folder": str(folder)}))
     return job.job_id

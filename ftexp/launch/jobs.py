@@ -98,15 +98,18 @@ def job_failure(job: submitit.Job, log_path: Path) -> str | None:
     return f"{reason}; last lines of {log_path}:\n{log_tail(log_path)}"
 
 
-def run_side_job(spec: SideSpec, launcher_cfg) -> None:
+def run_side_job(spec: SideSpec, launcher_cfg, on_poll=lambda: None) -> None:
     """Submit the side's training job and block until it ends; raise JobFailed if it did not succeed."""
     spec.side_dir.mkdir(parents=True, exist_ok=True)
     executor = make_executor(spec.side_dir / "submitit", launcher_cfg)
-    job = executor.submit(train_side, spec)
+    # Inside a Slurm job (a sweep point), the inherited SLURM_* variables would make submitit take
+    # the new job for the enclosing one; clean_env hides them while submitting.
+    with submitit.helpers.clean_env():
+        job = executor.submit(train_side, spec)
     where = f"{spec.side}{'/' + spec.phase if spec.phase else ''}"
     log.info("%s: submitted job %s (log: %s)", where, job.job_id, spec.side_dir / "train.log")
     with SideProgress(where, spec) as progress:
-        wait_for(job, launcher_cfg.poll_interval_s, progress.update)
+        wait_for(job, launcher_cfg.poll_interval_s, lambda: (progress.update(), on_poll()))
     failure = job_failure(job, spec.side_dir / "train.log")
     if failure:
         raise JobFailed(f"training job {where} {failure}")

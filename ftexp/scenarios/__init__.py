@@ -16,10 +16,13 @@ from ftexp.config import ExperimentConfig, PhaseConfig
 from ftexp.errors import InputError
 from ftexp.scenarios.checks import check_phase
 from ftexp.scenarios.expectations import EXPECTATIONS, PhaseExpectation
+from ftexp.scenarios.soak import verify_soak
 from ftexp.verify.report import CheckResult
 
 
 def verify_run(cfg: ExperimentConfig, run_dir: Path) -> list[CheckResult]:
+    if cfg.scenario.soak.enabled:
+        return verify_soak(cfg, run_dir)
     expect: Callable[[ExperimentConfig, PhaseConfig], PhaseExpectation] | None = EXPECTATIONS.get(cfg.scenario.name)
     if expect is None:
         raise InputError(f"scenario {cfg.scenario.name!r} has no assertions defined in ftexp.scenarios")

@@ -233,3 +233,10 @@ def test_explicit_modes_are_used(make_injector, clock):
     injector = make_injector(*cells, modes=[FailureMode.DEADLOCK])
     polls(clock, 3)
     assert [i.mode for i in injector.injections] == [FailureMode.DEADLOCK] * 2
+
+
+def test_first_mode_forces_only_the_first_injection(make_injector, clock):
+    cells = [ScriptedCell("actor", i) for i in range(3)]
+    injector = make_injector(*cells, modes=[FailureMode.SIGKILL], first_mode=FailureMode.DEADLOCK)
+    polls(clock, 3)
+    assert [i.mode for i in injector.injections] == [FailureMode.DEADLOCK, FailureMode.SIGKILL]

@@ -1,0 +1,44 @@
+"""The harness side of a chaos soak: inject random faults into the target job while it trains.
+
+The target driver writes ``<side_dir>/control.json`` with its control server's address once the
+cells are up. While the pipeline waits for the job, ``SoakInjection.poll`` starts the seeded
+:class:`RandomInjector` against that server as soon as the file appears; ``stop`` joins it and
+records every accepted injection in ``<side_dir>/injections.json`` for the verdict.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from ftexp.faults.injector import RandomInjector
+
+log = logging.getLogger("ftexp")
+CONTROL_FILE = "control.json"
+INJECTIONS_FILE = "injections.json"
+
+
+class SoakInjection:
+    def __init__(self, soak_cfg, seed: int, side_dir: Path):
+        self.cfg, self.seed, self.side_dir = soak_cfg, seed, side_dir
+        self.injector: RandomInjector | None = None
+
+    def poll(self) -> None:
+        control = self.side_dir / CONTROL_FILE
+        if self.injector is not None or not control.is_file():
+            return
+        base_url = json.loads(control.read_text())["base_url"]
+        self.injector = RandomInjector(base_url, seed=self.seed, crash_probability=self.cfg.crash_probability,
+                                       time_unit_s=self.cfg.time_unit_s, poll_interval=self.cfg.poll_interval_s,
+                                       modes=list(self.cfg.modes), first_mode=self.cfg.first_mode)
+        self.injector.start()
+        log.info("soak: injecting faults into %s (mean interval %.1f s)", base_url, self.injector.mean_interval_s)
+
+    def stop(self) -> None:
+        injections = []
+        if self.injector is not None:
+            self.injector.stop_and_join()
+            injections = [{"timestamp": i.timestamp.isoformat(), "cell": i.cell, "mode": i.mode.value}
+                          for i in self.injector.injections]
+        (self.side_dir / INJECTIONS_FILE).write_text(json.dumps(injections, indent=2))

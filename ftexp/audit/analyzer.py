@@ -6,6 +6,13 @@ different cells must have logged identical hashes. After a heal this proves, bit
 the healed cell received the full state (weights *and* optimizer moments and step counts) —
 a dump comparison alone cannot see optimizer state.
 
+``inference_engine_weight_checksum_consistency``: after a weight update every rollout engine
+must hold the same weights as engine 0.
+
+``witness``: every cell that committed a rollout must show, in its witness rows, exactly the
+samples of every committed attempt so far — none missing (lost), none extra (a discarded
+attempt, or a retried one, that still reached the weights). See ``witness`` below.
+
 The driver runs the analyzer before every rollout (fail fast) and the verifier runs it again on
 the finished log.
 """
@@ -14,9 +21,16 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Callable, Hashable, Iterable, TypeVar
 
-from ftexp.audit.events import TrainEngineLocalWeightChecksumEvent
+from ftexp.audit.events import (InferenceEngineWeightChecksumEvent, TrainAdvantageComputationEvent,
+                                TrainEngineLocalWeightChecksumEvent, TrainGroupStepEndEvent, WitnessAllocateIdEvent,
+                                WitnessSnapshotParamEvent)
+from ftexp.audit.witness import in_ranges
+
+E = TypeVar("E")
+# How many ids an issue message lists before it only counts the rest.
+SHOWN_IDS = 12
 
 
 @dataclass(frozen=True)
@@ -50,6 +64,10 @@ def _flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix: obj}
 
 
+def _differing_keys(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    return sorted(k for k in a.keys() | b.keys() if a.get(k, "<missing>") != b.get(k, "<missing>"))
+
+
 def cross_replica_weight_checksum(events: Iterable[Any]) -> list[AnalyzerIssue]:
     groups: dict[tuple[int, int, int], list[TrainEngineLocalWeightChecksumEvent]] = defaultdict(list)
     for e in events:
@@ -62,7 +80,7 @@ def cross_replica_weight_checksum(events: Iterable[Any]) -> list[AnalyzerIssue]:
         ref_state = _flatten(ref.state)
         for other in group[1:]:
             state = _flatten(other.state)
-            differing = sorted(k for k in ref_state.keys() | state.keys() if ref_state.get(k, "<missing>") != state.get(k, "<missing>"))
+            differing = _differing_keys(ref_state, state)
             if differing:
                 issues.append(AnalyzerIssue(
                     "cross_replica_weight_checksum", rollout_id,
@@ -71,7 +89,112 @@ def cross_replica_weight_checksum(events: Iterable[Any]) -> list[AnalyzerIssue]:
     return issues
 
 
-RULES = (cross_replica_weight_checksum,)
+def inference_engine_weight_checksum_consistency(events: Iterable[Any]) -> list[AnalyzerIssue]:
+    issues = []
+    for e in events:
+        if not isinstance(e, InferenceEngineWeightChecksumEvent) or len(e.engine_checksums) < 2:
+            continue
+        ref = e.engine_checksums[0]
+        for k, other in enumerate(e.engine_checksums[1:], 1):
+            differing = _differing_keys(ref, other)
+            if differing:
+                issues.append(AnalyzerIssue(
+                    "inference_engine_weight_checksum_consistency", e.rollout_id,
+                    f"rollout_{e.rollout_id}/engine_0 and rollout_{e.rollout_id}/engine_{k} differ in "
+                    f"{len(differing)} tensors, e.g. {differing[:3]}"))
+    return issues
+
+
+def _latest_attempt(events: Iterable[E], key: Callable[[E], Hashable]) -> dict[Hashable, list[E]]:
+    """Group by ``key``, keeping in each group only the events of its highest attempt."""
+    groups: dict[Hashable, list[E]] = defaultdict(list)
+    for e in events:
+        groups[key(e)].append(e)
+    latest = {k: max(e.attempt for e in g) for k, g in groups.items()}
+    return {k: [e for e in g if e.attempt == latest[k]] for k, g in groups.items()}
+
+
+def _show(ids: set[int]) -> str:
+    shown = sorted(ids)[:SHOWN_IDS]
+    return f"{len(ids)} ids {shown}" + (" ..." if len(ids) > SHOWN_IDS else "")
+
+
+def _zero_advantage_ids(advantage_events: list[TrainAdvantageComputationEvent],
+                        issues: list[AnalyzerIssue]) -> set[int]:
+    """Witness ids of samples whose every advantage is exactly 0 (their witness rows stay 0).
+
+    A sample with no local tokens — under CP the whole response can sit on the other CP rank —
+    has an empty list: it proves nothing and is not excused (spec §17.28).
+    """
+    zero: set[int] = set()
+    for e in advantage_events:
+        for advantages, ids in zip(e.advantages, e.witness_ids):
+            if len(set(ids)) > 1:
+                issues.append(AnalyzerIssue("witness", e.rollout_id, f"{e.source.process_name} attempt {e.attempt}: "
+                                            f"one sample's tokens carry several witness ids {sorted(set(ids))}"))
+            if advantages and all(a == 0.0 for a in advantages):
+                zero.add(ids[0])
+    return zero
+
+
+def witness(events: list[Any]) -> list[AnalyzerIssue]:
+    """Every normal cell of every commit shows exactly the committed samples in each witness instance.
+
+    Only the latest attempt counts: per rollout for allocations and advantages, per (rollout, cell)
+    for snapshots (a discarded attempt's ids must never reach the weights). At rollout r:
+
+    * expected = the ids of every rollout's latest allocation up to r (the weights accumulate);
+    * excused  = zero-advantage ids, walking the rollouts in order: a rollout's new allocation first
+      cancels any excuse of the ids it reuses, then its own zero-advantage ids are excused;
+    * each snapshot must satisfy ``nonzero − stale == expected − stale − excused``, with ``stale``
+      the slots that snapshot's step zeroed.
+
+    A log without any witness allocation had the witness off; there is nothing to check.
+    """
+    allocations = _latest_attempt((e for e in events if isinstance(e, WitnessAllocateIdEvent)),
+                                  key=lambda e: e.rollout_id)
+    if not allocations:
+        return []
+    issues: list[AnalyzerIssue] = []
+    allocated = {r: {i for e in evs for i in e.witness_id_to_sample_index} for r, evs in allocations.items()}
+    advantages = _latest_attempt((e for e in events if isinstance(e, TrainAdvantageComputationEvent)),
+                                 key=lambda e: e.rollout_id)
+    zero_advantage = {r: _zero_advantage_ids(evs, issues) for r, evs in advantages.items()}
+    snapshots = _latest_attempt((e for e in events if isinstance(e, WitnessSnapshotParamEvent)),
+                                key=lambda e: (e.rollout_id, e.source.cell_index))
+
+    expected: dict[int, set[int]] = {}
+    excused: dict[int, set[int]] = {}
+    running_expected: set[int] = set()
+    running_excused: set[int] = set()
+    for r in sorted(allocated.keys() | zero_advantage.keys()):
+        new = allocated.get(r, set())
+        running_expected = running_expected | new
+        running_excused = (running_excused - new) | zero_advantage.get(r, set())
+        expected[r], excused[r] = running_expected, running_excused
+
+    for step in (e for e in events if isinstance(e, TrainGroupStepEndEvent)):
+        r = step.rollout_id
+        for cell, outcome in sorted(step.cell_outcomes.items()):
+            if outcome == "error" or any(o != "normal" for o in outcome):
+                continue
+            cell_snapshots = snapshots.get((r, cell))
+            if not cell_snapshots:
+                issues.append(AnalyzerIssue("witness", r, f"cell {cell} committed but logged no witness snapshot"))
+                continue
+            for snap in cell_snapshots:
+                stale = snap.stale_id_ranges
+                want = {i for i in expected.get(r, set()) - excused.get(r, set()) if not in_ranges(i, stale)}
+                have = {i for i in snap.nonzero_witness_ids if not in_ranges(i, stale)}
+                if want != have:
+                    missing, extra = want - have, have - want
+                    issues.append(AnalyzerIssue(
+                        "witness", r, f"cell {cell} {snap.source.process_name} {snap.instance_id} attempt {snap.attempt}: "
+                                      f"missing {_show(missing)}, extra {_show(extra)}"))
+    return issues
+
+
+RULES = (cross_replica_weight_checksum, inference_engine_weight_checksum_consistency, witness)
 
 
 def analyze(events: list[Any]) -> list[AnalyzerIssue]:

@@ -4,7 +4,8 @@ Every process of a training job (the driver, each cell's actors, each plain-DP r
 JSON lines to its own file ``<events_dir>/<process>.jsonl``. Each line is one event with a
 ``type`` discriminator, the emitting process (``source``) and a UTC ``timestamp``. The
 verifier reads these files back to prove what happened: which steps committed, which cells
-were shrunk out or healed, which metrics were logged.
+were shrunk out or healed, which samples each committed step trained (witness ids), which metrics
+were logged.
 
 Writing re-opens the file in append mode for every event, so the directory can be swapped
 (checkpoint restore) between two events without a stale handle.
@@ -93,6 +94,41 @@ class WitnessAllocateIdEvent(_Event):
     counter_after: int
 
 
+class WitnessSnapshotParamEvent(_Event):
+    """After a committed step: which rows of one witness instance are non-zero (spec §11.2)."""
+
+    type: Literal["witness_snapshot_param"] = "witness_snapshot_param"
+    rollout_id: int
+    attempt: int
+    instance_id: str
+    nonzero_witness_ids: list[int]
+    # The slots this step zeroed, as half-open [start, stop) ranges. The reference logs them as a
+    # list of ids, which at its default buffer size would be ~1M ints per event.
+    stale_id_ranges: list[tuple[int, int]]
+
+
+class TrainAdvantageComputationEvent(_Event):
+    """Per local sample and response token: the advantage and the sample's witness id.
+
+    A sample whose advantages are all exactly 0 gets no gradient, so its witness rows stay 0; the
+    analyzer excuses it. An empty list (no local token) is not such a sample.
+    """
+
+    type: Literal["train_advantage_computation"] = "train_advantage_computation"
+    rollout_id: int
+    attempt: int
+    advantages: list[list[float]]
+    witness_ids: list[list[int]]
+
+
+class InferenceEngineWeightChecksumEvent(_Event):
+    """One ``{tensor: hash}`` dict per rollout engine after a weight update (spec §10.2)."""
+
+    type: Literal["inference_engine_weight_checksum"] = "inference_engine_weight_checksum"
+    rollout_id: int | None  # None for the initial sync before the first rollout
+    engine_checksums: list[dict[str, str]]
+
+
 class FaultInjectedEvent(_Event):
     """Positive proof that a planned fault fired (written by the process just before it dies)."""
 
@@ -111,6 +147,9 @@ Event = Annotated[
         TrainGroupStepEndEvent,
         TrainEngineLocalWeightChecksumEvent,
         WitnessAllocateIdEvent,
+        WitnessSnapshotParamEvent,
+        TrainAdvantageComputationEvent,
+        InferenceEngineWeightChecksumEvent,
         FaultInjectedEvent,
     ],
     Field(discriminator="type"),

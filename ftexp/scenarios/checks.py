@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ftexp.audit.analyzer import analyze
 from ftexp.audit.events import (CellReconfigureEvent, FaultInjectedEvent, TrainEngineLocalWeightChecksumEvent, TrainGroupStepEndEvent,
-                                read_events)
+                                WitnessAllocateIdEvent, WitnessSnapshotParamEvent, read_events)
 from ftexp.config import ExperimentConfig, PhaseConfig
 from ftexp.scenarios.expectations import PhaseExpectation
 from ftexp.verify.dumps import compare_dumps, leaf_set
@@ -51,7 +51,8 @@ def check_phase(cfg: ExperimentConfig, run_dir: Path, phase: PhaseConfig, expect
     checks.append(check_reconfigure_events(targ / "events", expect.target_reconfigures, f"{label}target_reconfigures"))
     checks.append(check_target_commits(targ / "events", expect.rollouts, f"{label}target_commits"))
     checks.append(check_faults(targ / "events", expect, f"{label}faults_injected"))
-    checks.append(check_event_rules(targ / "events", f"{label}target_event_analyzer"))
+    checks.append(check_event_rules(targ / "events", f"{label}target_event_analyzer",
+                                    expect_witness=cfg.trainer.enable_witness))
     if expect.target_reconfigures:
         checks.append(recovery_timings(targ / "events", f"{label}recovery"))
     return checks
@@ -86,15 +87,30 @@ def recovery_timings(events_dir: Path, name: str) -> CheckResult:
         for r in rows)
     return CheckResult(name, ok, summary or "no reconfigure events", {"recoveries": rows})
 
-def check_event_rules(events_dir: Path, name: str) -> CheckResult:
-    """The analyzer's rules on the finished log (e.g. all cells bitwise equal after every heal)."""
+
+def check_event_rules(events_dir: Path, name: str, *, expect_witness: bool = True) -> CheckResult:
+    """The analyzer's rules on the finished log: all cells bitwise equal after every heal, every
+    committed cell's witness rows exactly the samples of the committed attempts, ...
+
+    Fails closed when a rule had nothing to check: no checksum events, or (with the witness on)
+    no witness snapshots.
+    """
     events = read_events(events_dir)
     checksums = sum(isinstance(e, TrainEngineLocalWeightChecksumEvent) for e in events)
+    snapshots = sum(isinstance(e, WitnessSnapshotParamEvent) for e in events)
+    attempts: dict[int, list[int]] = {}
+    for e in events:
+        if isinstance(e, WitnessAllocateIdEvent):
+            attempts.setdefault(e.rollout_id, []).append(e.attempt)
     issues = analyze(events)
+    details = {"issues": [str(i) for i in issues], "checksum_events": checksums, "witness_snapshot_events": snapshots,
+               "witness_allocation_attempts": attempts}
     if not checksums:
-        return CheckResult(name, False, "no weight checksum events: the cross-replica rule had nothing to check")
-    return CheckResult(name, not issues, f"{checksums} checksum events, {len(issues)} issue(s)"
-                       + (f": {issues[0]}" if issues else ""), {"issues": [str(i) for i in issues]})
+        return CheckResult(name, False, "no weight checksum events: the cross-replica rule had nothing to check", details)
+    if expect_witness and not snapshots:
+        return CheckResult(name, False, "no witness snapshot events: the witness rule had nothing to check", details)
+    return CheckResult(name, not issues, f"{checksums} checksum events, {snapshots} witness snapshots, "
+                       f"{len(issues)} issue(s)" + (f": {issues[0]}" if issues else ""), details)
 
 
 def check_leaves(dumps_root: Path, rollouts: list[int], name: str) -> CheckResult:

@@ -22,6 +22,7 @@ from torchft.process_group import ProcessGroupGloo
 
 from ftexp.audit.events import (EventLogger, FaultInjectedEvent, MetricEvent, ProcessIdentity,
                                 TrainEngineLocalWeightChecksumEvent)
+from ftexp.audit.witness import WitnessInfo
 from ftexp.config import NegativeControl, TestActionKind
 from ftexp.trainer.cell import IndepDPInfo
 from ftexp.trainer.collectives import sum_across
@@ -93,9 +94,10 @@ class CellRank:
         return {"configure_s": t1 - t0, "transfer_s": time.monotonic() - t1, "bytes": sent}
 
     # ---- training -----------------------------------------------------------------------------
-    def train(self, rollout_id: int, attempt: int) -> tuple[str, dict[str, float] | None]:
+    def train(self, rollout_id: int, attempt: int, witness: WitnessInfo | None) -> tuple[str, dict[str, float] | None]:
         info, spec = self.info, self.spec
         assert info is not None, "train before init"
+        control = spec.trainer.negative_control
         rollout = load_rollout(rollout_path(spec.data_dir, rollout_id), expected_rollout_id=rollout_id)
         logs_for_group = info.alive_rank == 0  # the first alive cell writes dumps and metrics
 
@@ -112,6 +114,8 @@ class CellRank:
             except Exception as e:  # a dead or frozen peer: this attempt is void
                 log.warning("cross-cell reduce failed at rollout %d attempt %d: %s", rollout_id, attempt, e)
                 self.pg = None  # never reuse a failed group
+                if control == NegativeControl.leak_discarded_attempt:
+                    self.replica.optimizer_step(rollout_id)  # the bug: the void attempt's local gradient lands
                 return False
 
         def dump() -> None:
@@ -121,11 +125,13 @@ class CellRank:
                 self.replica.dump(leaf, {"pp": 0, "tp": self.rank, "cp": 0, "ep": 0})
 
         with self.events.context(rollout_id=rollout_id, attempt=attempt):
-            ok, metrics = train_step(self.replica, rollout, rollout_id, shard_rank=info.alive_rank,
-                                     shard_size=info.alive_size, reduce=reduce, before_reduce=before_reduce,
-                                     on_commit=dump)
+            ok, metrics = train_step(self.replica, rollout, rollout_id, attempt, shard_rank=info.alive_rank,
+                                     shard_size=info.alive_size, witness=witness, events=self.events, reduce=reduce,
+                                     before_reduce=before_reduce, on_commit=dump)
             if not ok:
                 return DISCARDED, None
+            if control == NegativeControl.double_apply_retry and attempt == 0:
+                return DISCARDED, None  # the bug: stepped, yet reported void, so the retry steps again
             self.events.log(TrainEngineLocalWeightChecksumEvent(rollout_id=rollout_id, state=self.replica.checksums()))
             if logs_for_group:
                 append_metrics(spec.side_dir, rollout_id, attempt, metrics)

@@ -13,11 +13,12 @@ import ray
 
 from ftexp.audit.analyzer import raise_on_issues
 from ftexp.audit.events import EventLogger, ProcessIdentity, read_events
+from ftexp.audit.witness import WitnessIdAllocator
 from ftexp.config import TestActionKind
 from ftexp.trainer.cell_rank import CellRank
 from ftexp.trainer.group import TrainGroup
 from ftexp.trainer.store import LoopbackStore
-from ftexp.trainer.side import SideSpec, append_perf, restore_events
+from ftexp.trainer.side import SideSpec, append_perf, start_event_log
 
 log = logging.getLogger(__name__)
 
@@ -43,14 +44,18 @@ def _group_actions(spec: SideSpec, group: TrainGroup, rollout_id: int) -> None:
 
 
 def run_ft_driver(spec: SideSpec) -> None:
-    if spec.load_dir is not None:
-        restore_events(spec.load_dir, spec.events_dir)
+    witness_counter = start_event_log(spec)
     events = EventLogger(spec.events_dir, ProcessIdentity(component="main"))
+    witness = None
+    if spec.trainer.enable_witness:
+        witness = WitnessIdAllocator(spec.trainer.witness_buffer_size)
+        witness.resume(witness_counter)
     rollouts = spec.rollout_ids()
     start_local_ray(num_cpus=max(2, spec.num_cells))
     store = LoopbackStore()
     store_addr = store.address
-    group = TrainGroup(spec.num_cells, 1, lambda c, r: CellRank.remote(spec, c, r, store_addr), events, spec.trainer)
+    group = TrainGroup(spec.num_cells, 1, lambda c, r: CellRank.remote(spec, c, r, store_addr), events, spec.trainer,
+                       witness)
     try:
         group.init(load_rollout_id=rollouts.start - 1 if spec.load_dir is not None else None)
         for rollout_id in rollouts:

@@ -2,6 +2,8 @@
 
 One rollout is trained by ``train(rollout_id)``: up to ``max_attempts`` attempts, each of which
 
+0. allocates fresh witness ids for the rollout's samples and logs them — every attempt, so the
+   analyzer can tell a retry's samples from a discarded attempt's (spec §11);
 1. refreshes membership — if a cell is pending or an alive cell's quorum view is stale, bump the
    quorum id, allocate the pending cells, move every alive cell to the new cross-cell group, and
    heal the pending cells from the lowest-index alive cell (one ``CellReconfigureEvent``);
@@ -20,6 +22,7 @@ from typing import Any
 import ray
 
 from ftexp.audit.events import CellReconfigureEvent, EventLogger, TrainGroupStepEndEvent
+from ftexp.audit.witness import WitnessIdAllocator, WitnessInfo, allocation_event
 from ftexp.trainer.cell import Cell, CellState, IndepDPInfo
 from ftexp.trainer.cell_rank import DISCARDED, NORMAL
 
@@ -31,9 +34,11 @@ class RetryableStepError(RuntimeError):
 
 
 class TrainGroup:
-    def __init__(self, num_cells: int, ranks_per_cell: int, make_rank, events: EventLogger, trainer_cfg):
+    def __init__(self, num_cells: int, ranks_per_cell: int, make_rank, events: EventLogger, trainer_cfg,
+                 witness_allocator: WitnessIdAllocator | None = None):
         self.events = events
         self.cfg = trainer_cfg
+        self.witness_allocator = witness_allocator
         self.quorum_id = 0
         self.cells = [Cell(i, lambda c: [make_rank(c, r) for r in range(ranks_per_cell)]) for i in range(num_cells)]
 
@@ -124,10 +129,19 @@ class TrainGroup:
                 backoff = min(backoff * 2, self.cfg.retry_backoff_max_s)
         raise RuntimeError(f"rollout {rollout_id}: no commit after {self.cfg.max_attempts} attempts")
 
+    def _allocate_witness(self, rollout_id: int, attempt: int) -> WitnessInfo | None:
+        if self.witness_allocator is None:
+            return None
+        rollout = self.cfg.rollout
+        witness = self.witness_allocator.allocate(rollout.rollout_batch_size * rollout.n_samples_per_prompt)
+        self.events.log(allocation_event(rollout_id, attempt, witness, self.witness_allocator.counter))
+        return witness
+
     def _attempt(self, rollout_id: int, attempt: int) -> dict[str, float]:
+        witness = self._allocate_witness(rollout_id, attempt)
         self.refresh(rollout_id)
         cells = [self.cells[i] for i in self.alive_indices()]
-        refs = {c.index: c.submit("train", rollout_id, attempt) for c in cells}
+        refs = {c.index: c.submit("train", rollout_id, attempt, witness) for c in cells}
         outcomes: dict[int, Any] = {}
         metrics: dict[str, float] | None = None
         for cell in cells:

@@ -31,6 +31,7 @@ class TrainBatch:
     old_log_probs: torch.Tensor  # [B, T-1] float, rollout-time log-probs (0 off the mask)
     advantages: torch.Tensor  # [B] float
     sample_indices: torch.Tensor  # [B] long, positions in the whole rollout
+    witness_ids: torch.Tensor | None = None  # [B] long, each sample's witness id (spec §11)
 
 
 def group_advantages(rewards: torch.Tensor, n_samples_per_prompt: int) -> torch.Tensor:
@@ -50,9 +51,15 @@ def strided_shard(num_samples: int, rank: int, size: int) -> list[int]:
     return list(range(rank, num_samples, size))
 
 
-def make_train_batch(rollout: dict[str, Any], sample_indices: list[int]) -> TrainBatch:
-    """Tensorise the chosen samples of a (validated) rollout."""
+def make_train_batch(rollout: dict[str, Any], sample_indices: list[int],
+                     witness_ids: list[int] | None = None) -> TrainBatch:
+    """Tensorise the chosen samples of a (validated) rollout.
+
+    ``witness_ids`` holds one id per sample of the *whole* rollout; the batch keeps the chosen ones.
+    """
     samples = rollout["samples"]
+    if witness_ids is not None and len(witness_ids) != len(samples):
+        raise InputError(f"{len(witness_ids)} witness ids for a rollout of {len(samples)} samples")
     rewards = torch.tensor([float(s["reward"]) for s in samples], dtype=torch.float32)
     all_advantages = group_advantages(rewards, rollout["metadata"]["n_samples_per_prompt"])
     # Pad to the longest sequence of the whole rollout, not of the shard, so a shard's tensor
@@ -73,7 +80,18 @@ def make_train_batch(rollout: dict[str, Any], sample_indices: list[int]) -> Trai
                                                             dtype=torch.float32)
     indices = torch.tensor(sample_indices, dtype=torch.long)
     return TrainBatch(tokens=tokens, loss_mask=loss_mask, old_log_probs=old_log_probs,
-                      advantages=all_advantages[indices], sample_indices=indices)
+                      advantages=all_advantages[indices], sample_indices=indices,
+                      witness_ids=torch.tensor(witness_ids, dtype=torch.long)[indices] if witness_ids is not None else None)
+
+
+def token_advantages(batch: TrainBatch) -> tuple[list[list[float]], list[list[int]]]:
+    """Per sample of the batch: the advantage and the witness id of each trained (loss-mask) token."""
+    advantages, witness_ids = [], []
+    for row in range(batch.tokens.shape[0]):
+        num_tokens = int(batch.loss_mask[row].sum())
+        advantages.append([float(batch.advantages[row])] * num_tokens)
+        witness_ids.append([int(batch.witness_ids[row])] * num_tokens)
+    return advantages, witness_ids
 
 
 def grpo_loss(model: TinyGPT, batch: TrainBatch, num_samples_global: int,
@@ -84,7 +102,7 @@ def grpo_loss(model: TinyGPT, batch: TrainBatch, num_samples_global: int,
     shard's samples and divided by ``num_samples_global``; summing over shards gives the mean
     over the rollout. Returns the loss and detached 0-d stats normalised the same way.
     """
-    log_softmax = next_token_log_softmax(model, batch.tokens)
+    log_softmax = next_token_log_softmax(model, batch.tokens, batch.witness_ids)
     log_probs = gather_targets(log_softmax, batch.tokens)
     advantages = batch.advantages.unsqueeze(1)
     ratio = torch.exp(log_probs - batch.old_log_probs)

@@ -4,7 +4,8 @@ The baseline (plain data parallelism) and the fault-tolerant cells must start fr
 weights and compute the same bits, so the model is deliberately plain: pre-LayerNorm blocks,
 explicit softmax attention (no SDPA/flash kernels, whose backends may pick different
 algorithms), no dropout, and an init drawn from a local generator seeded by the config, so
-that building the model neither depends on nor disturbs the global RNG.
+that building the model neither depends on nor disturbs the global RNG. The trainers build it with
+two witnesses (``witness_module.py``), which change no bit of the policy's forward or gradients.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ftexp.errors import InputError
+from ftexp.trainer.witness_module import Witness
 
 INIT_STD = 0.02
 
@@ -80,7 +82,7 @@ class Block(nn.Module):
 class TinyGPT(nn.Module):
     """Build it with :func:`build_model`, which gives it its seeded weights."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, witness_buffer_size: int | None = None):
         super().__init__()
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
@@ -88,30 +90,58 @@ class TinyGPT(nn.Module):
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.final_norm = nn.LayerNorm(cfg.d_model)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        # Registered last, so the policy's parameters keep their names and order.
+        with_witness = witness_buffer_size is not None
+        self.local_head_witness = Witness(witness_buffer_size) if with_witness else None
+        self.local_tail_witness = Witness(witness_buffer_size) if with_witness else None
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens: LongTensor [B, T] -> logits [B, T, vocab_size]."""
+    def witnesses(self) -> dict[str, Witness]:
+        """Witness instances by the id the witness events use; empty for a model without them."""
+        if self.local_head_witness is None:
+            return {}
+        # One model chunk on pipeline stage 0, named like the reference's Megatron instances.
+        return {"pp0_chunk0.local_head": self.local_head_witness, "pp0_chunk0.local_tail": self.local_tail_witness}
+
+    def forward(self, tokens: torch.Tensor, witness_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """tokens: LongTensor [B, T] -> logits [B, T, vocab_size].
+
+        ``witness_ids`` [B, T] (each token's sample's witness id) routes the tokens through the
+        witnesses; without it (e.g. when sampling rollouts) they are left out.
+        """
         seq_len = tokens.shape[1]
         if seq_len > self.cfg.max_seq_len:
             raise InputError(f"sequence length {seq_len} exceeds max_seq_len={self.cfg.max_seq_len}")
+        if witness_ids is not None and self.local_head_witness is None:
+            raise InputError("witness ids given to a model built without witnesses")
         positions = torch.arange(seq_len, device=tokens.device)
         x = self.embed(tokens) + self.pos_embed(positions)
+        if witness_ids is not None:
+            x = self.local_head_witness(x, witness_ids)
         for layer in self.layers:
             x = layer(x)
-        return self.lm_head(self.final_norm(x))
+        x = self.final_norm(x)
+        if witness_ids is not None:
+            x = self.local_tail_witness(x, witness_ids)
+        return self.lm_head(x)
 
 
-def build_model(cfg: ModelConfig) -> TinyGPT:
-    """Build a TinyGPT whose weights depend only on ``cfg`` (identical in every process)."""
+def build_model(cfg: ModelConfig, witness_buffer_size: int | None = None) -> TinyGPT:
+    """Build a TinyGPT whose weights depend only on ``cfg`` (identical in every process).
+
+    With ``witness_buffer_size`` it also holds the two witnesses, zero-initialised; they draw
+    nothing from the generator, so the policy's weights are the same with or without them.
+    """
     # Constructing on the meta device skips nn.Linear's default init, which would draw from
     # the global RNG; every parameter is then filled from the local seeded generator.
     with torch.device("meta"):
-        model = TinyGPT(cfg)
+        model = TinyGPT(cfg, witness_buffer_size)
     model.to_empty(device="cpu")
     generator = torch.Generator().manual_seed(cfg.seed)
     with torch.no_grad():
         for module in model.modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)):
+            if isinstance(module, Witness):
+                module.weight.zero_()
+            elif isinstance(module, (nn.Linear, nn.Embedding)):
                 module.weight.normal_(0.0, INIT_STD, generator=generator)
                 if getattr(module, "bias", None) is not None:
                     module.bias.zero_()
@@ -121,10 +151,16 @@ def build_model(cfg: ModelConfig) -> TinyGPT:
     return model
 
 
-def next_token_log_softmax(model: TinyGPT, tokens: torch.Tensor) -> torch.Tensor:
-    """Log-distribution over the next token at each position but the last: [B, T-1, V]."""
+def next_token_log_softmax(model: TinyGPT, tokens: torch.Tensor,
+                           witness_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Log-distribution over the next token at each position but the last: [B, T-1, V].
+
+    ``witness_ids`` [B]: each sample's witness id, given to every token it feeds.
+    """
     # The last position predicts past the end of the sequence, so it is not fed at all.
-    return F.log_softmax(model(tokens[:, :-1]), dim=-1)
+    fed = tokens[:, :-1]
+    token_witness_ids = witness_ids.unsqueeze(1).expand_as(fed) if witness_ids is not None else None
+    return F.log_softmax(model(fed, token_witness_ids), dim=-1)
 
 
 def gather_targets(log_softmax: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

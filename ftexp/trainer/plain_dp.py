@@ -4,6 +4,10 @@
 gradients are SUM-reduced over the world (a fixed-order fold in deterministic mode). Nothing
 here tolerates faults: this is the reference the fault-tolerant target must reproduce. Rank 0
 writes the dumps, metrics and checkpoints.
+
+Witness ids: there is no driver and no retry, so every rank runs its own copy of the allocator
+from the same resumed counter (read once by the parent, after the event restore) and allocates
+the same ids; rank 0 logs the allocations, which is what the next phase resumes from.
 """
 
 from __future__ import annotations
@@ -18,17 +22,18 @@ import torch
 import torch.distributed as dist
 
 from ftexp.audit.events import EventLogger, MetricEvent, ProcessIdentity
+from ftexp.audit.witness import WitnessIdAllocator, allocation_event
 from ftexp.trainer.collectives import sum_across
 from ftexp.trainer.replica import Replica, load_checkpoint, save_checkpoint, train_step
 from ftexp.trainer.rollout_data import load_rollout, rollout_path
 from ftexp.trainer.store import LoopbackStore
-from ftexp.trainer.side import SideSpec, append_metrics, append_perf, restore_events, snapshot_events
+from ftexp.trainer.side import SideSpec, append_metrics, append_perf, snapshot_events, start_event_log
 
 log = logging.getLogger(__name__)
 COORDS = {"pp": 0, "tp": 0, "cp": 0, "ep": 0}
 
 
-def _rank_main(spec: SideSpec, rank: int, store_port: int) -> None:
+def _rank_main(spec: SideSpec, rank: int, store_port: int, witness_counter: int) -> None:
     torch.set_num_threads(spec.trainer.threads_per_rank)
     torch.use_deterministic_algorithms(spec.deterministic)
     store = dist.TCPStore("127.0.0.1", store_port, is_master=False, timeout=dt.timedelta(seconds=60))
@@ -38,6 +43,10 @@ def _rank_main(spec: SideSpec, rank: int, store_port: int) -> None:
     replica = Replica(spec.trainer, seed=spec.seed)
     if spec.load_dir is not None:
         replica.load_state_dict(load_checkpoint(spec.load_dir, spec.start_rollout_id() - 1))
+    allocator = None
+    if spec.trainer.enable_witness:
+        allocator = WitnessIdAllocator(spec.trainer.witness_buffer_size)
+        allocator.resume(witness_counter)
 
     def reduce(flat: torch.Tensor) -> bool:
         sum_across(None, flat, world_size=spec.num_cells, deterministic=spec.deterministic, torchft=False)
@@ -47,8 +56,11 @@ def _rank_main(spec: SideSpec, rank: int, store_port: int) -> None:
         rollout = load_rollout(rollout_path(spec.data_dir, rollout_id), expected_rollout_id=rollout_id)
         dump = (lambda: replica.dump(spec.dump_leaf(rollout_id), COORDS)) if rank == 0 else (lambda: None)
         started = time.monotonic()
-        _, metrics = train_step(replica, rollout, rollout_id, shard_rank=rank, shard_size=spec.num_cells,
-                                reduce=reduce, on_commit=dump)
+        witness = allocator.allocate(len(rollout["samples"])) if allocator is not None else None
+        if witness is not None and rank == 0:
+            events.log(allocation_event(rollout_id, 0, witness, allocator.counter))
+        _, metrics = train_step(replica, rollout, rollout_id, 0, shard_rank=rank, shard_size=spec.num_cells,
+                                witness=witness, events=events, reduce=reduce, on_commit=dump)
         if rank == 0:
             append_perf(spec.side_dir, rollout_id, time.monotonic() - started)
             append_metrics(spec.side_dir, rollout_id, 0, metrics)
@@ -60,19 +72,18 @@ def _rank_main(spec: SideSpec, rank: int, store_port: int) -> None:
     dist.destroy_process_group()
 
 
-def _rank_entry(spec: SideSpec, rank: int, store_port: int) -> None:
+def _rank_entry(spec: SideSpec, rank: int, store_port: int, witness_counter: int) -> None:
     logging.basicConfig(level=logging.INFO, stream=sys.stdout,
                         format=f"[%(asctime)s] dp_rank{rank} %(name)s: %(message)s", datefmt="%H:%M:%S")
-    _rank_main(spec, rank, store_port)
+    _rank_main(spec, rank, store_port, witness_counter)
 
 
 def run_plain_dp(spec: SideSpec) -> None:
     """Run the baseline side to completion; raise if any rank fails."""
-    if spec.load_dir is not None:
-        restore_events(spec.load_dir, spec.events_dir)
+    witness_counter = start_event_log(spec)
     store = LoopbackStore()
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_rank_entry, args=(spec, r, store.port), name=f"dp_rank{r}")
+    procs = [ctx.Process(target=_rank_entry, args=(spec, r, store.port, witness_counter), name=f"dp_rank{r}")
              for r in range(spec.num_cells)]
     for p in procs:
         p.start()

@@ -6,6 +6,11 @@ run the same step — forward/backward on their strided shard of the rollout, SU
 flat gradient buffer across replicas, then step — and differ only in the group they reduce over
 and in what happens when the reduce fails. Keeping that step in one place is what makes the
 two sides comparable bit for bit.
+
+The step also keeps the witness audit trail (spec §11): it logs each local sample's advantages
+with its witness id, and after a committed step the non-zero witness rows, then zeroes the stale
+ones. Witness parameters are reduced, stepped, checksummed, checkpointed and healed like any
+other, but never clipped or dumped: the clip factor depends on the policy's parameters alone.
 """
 
 from __future__ import annotations
@@ -19,8 +24,11 @@ import numpy as np
 import torch
 
 from ftexp.audit.dumps import write_dump
-from ftexp.trainer.grpo import grpo_loss, make_train_batch, strided_shard
+from ftexp.audit.events import EventLogger, TrainAdvantageComputationEvent, WitnessSnapshotParamEvent
+from ftexp.audit.witness import IdRange, WitnessInfo
+from ftexp.trainer.grpo import TrainBatch, grpo_loss, make_train_batch, strided_shard, token_advantages
 from ftexp.trainer.model import build_model
+from ftexp.trainer.witness_module import nonzero_witness_ids, zero_witness_rows
 
 # Per-shard statistics reduced alongside the gradients; each is already normalised so that the
 # SUM over shards is the global mean.
@@ -41,9 +49,14 @@ class Replica:
         torch.manual_seed(seed)
         random.seed(seed)
         np.random.seed(seed)
-        self.model = build_model(trainer_cfg.model)
+        self.model = build_model(trainer_cfg.model,
+                                 trainer_cfg.witness_buffer_size if trainer_cfg.enable_witness else None)
         self.params = [p for _, p in self.model.named_parameters()]
         self.param_names = [n for n, _ in self.model.named_parameters()]
+        witness_params = {id(w.weight) for w in self.model.witnesses().values()}
+        policy = [(n, p) for n, p in self.model.named_parameters() if id(p) not in witness_params]
+        self.policy_params = [p for _, p in policy]
+        self.policy_param_names = [n for n, _ in policy]
         # foreach=False: the single-tensor path, same kernels on every rank and every run.
         self.optimizer = torch.optim.Adam(self.params, lr=trainer_cfg.lr, betas=tuple(trainer_cfg.betas),
                                           weight_decay=trainer_cfg.weight_decay, foreach=False)
@@ -51,10 +64,8 @@ class Replica:
         self.last_rollout_id = -1  # the last committed rollout
 
     # ---- the step -------------------------------------------------------------------------
-    def forward_backward(self, rollout: dict, shard_rank: int, shard_size: int) -> torch.Tensor:
+    def forward_backward(self, batch: TrainBatch, num_samples: int) -> torch.Tensor:
         """Accumulate this shard's gradients; return its stats as a tensor ordered like STAT_KEYS."""
-        num_samples = len(rollout["samples"])
-        batch = make_train_batch(rollout, strided_shard(num_samples, shard_rank, shard_size))
         loss, stats = grpo_loss(self.model, batch, num_samples, eps_clip=self.cfg.eps_clip)
         loss.backward()
         stats = {"loss": loss.detach(), **stats}
@@ -74,12 +85,20 @@ class Replica:
         return flat[offset:]
 
     def optimizer_step(self, rollout_id: int) -> float:
-        """Clip, step, advance the scheduler; return the pre-clip grad norm."""
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, CLIP_GRAD, foreach=False)
+        """Clip the policy's gradients, step, advance the scheduler; return the pre-clip grad norm."""
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy_params, CLIP_GRAD, foreach=False)
         self.optimizer.step()
         self.scheduler.step()
         self.last_rollout_id = rollout_id
         return float(grad_norm)
+
+    def witness_snapshot(self) -> dict[str, list[int]]:
+        """Witness instance id -> the ids of its non-zero rows."""
+        return {instance: nonzero_witness_ids(w) for instance, w in self.model.witnesses().items()}
+
+    def zero_stale_witness_rows(self, stale_ranges: list[IdRange]) -> None:
+        for witness in self.model.witnesses().values():
+            zero_witness_rows(witness, self.optimizer, stale_ranges)
 
     def zero_grad(self) -> None:
         for p in self.params:
@@ -98,10 +117,14 @@ class Replica:
 
     # ---- audit ----------------------------------------------------------------------------
     def dump(self, leaf_dir: Path, coords: dict[str, int]) -> None:
-        """Weights and (reduced) grads, before the optimizer step, in sglang's dump format."""
+        """Policy weights and (reduced) grads, before the optimizer step, in sglang's dump format.
+
+        Witnesses are not dumped: 16 MB a rollout at the default buffer size, never comparable
+        with the baseline (a retry allocates other ids), and audited by the event analyzer instead.
+        """
         index = 0
         for prefix, get in (("weight", lambda p: p), ("grad", lambda p: p.grad)):
-            for name, p in zip(self.param_names, self.params):
+            for name, p in zip(self.policy_param_names, self.policy_params):
                 index += 1
                 write_dump(leaf_dir, f"{prefix}__{name}", get(p), step=0, rank=0, dump_index=index, **coords)
 
@@ -136,17 +159,28 @@ class Replica:
         self.last_rollout_id = int(state["last_rollout_id"])
 
 
-def train_step(replica: Replica, rollout: dict, rollout_id: int, *, shard_rank: int, shard_size: int,
-               reduce: Callable[[torch.Tensor], bool], before_reduce: Callable[[], None] = lambda: None,
+def train_step(replica: Replica, rollout: dict, rollout_id: int, attempt: int, *, shard_rank: int, shard_size: int,
+               witness: WitnessInfo | None, events: EventLogger, reduce: Callable[[torch.Tensor], bool],
+               before_reduce: Callable[[], None] = lambda: None,
                on_commit: Callable[[], None] = lambda: None) -> tuple[bool, dict[str, float] | None]:
     """The step both sides run. ``reduce`` SUMs the flat buffer in place and says whether it worked.
 
     On failure the gradients are dropped and nothing is stepped, so a discarded attempt leaves no
     trace in weights or optimizer state. ``on_commit`` runs after the reduce and before the
-    optimizer step (that is where weights and reduced grads are dumped).
+    optimizer step (that is where weights and reduced grads are dumped). ``witness`` (one id per
+    sample of the rollout) is required exactly when the replica's model has witnesses.
     """
+    if (witness is not None) != bool(replica.model.witnesses()):
+        raise ValueError("witness ids must be given exactly when the model has witnesses (trainer.enable_witness)")
+    num_samples = len(rollout["samples"])
+    batch = make_train_batch(rollout, strided_shard(num_samples, shard_rank, shard_size),
+                             witness.witness_ids if witness is not None else None)
+    if witness is not None:
+        advantages, token_witness_ids = token_advantages(batch)
+        events.log(TrainAdvantageComputationEvent(rollout_id=rollout_id, attempt=attempt, advantages=advantages,
+                                                  witness_ids=token_witness_ids))
     replica.zero_grad()
-    stats = replica.forward_backward(rollout, shard_rank, shard_size)
+    stats = replica.forward_backward(batch, num_samples)
     before_reduce()
     flat = replica.flat_grads(stats)
     if not reduce(flat):
@@ -157,6 +191,11 @@ def train_step(replica: Replica, rollout: dict, rollout_id: int, *, shard_rank: 
     grad_norm = replica.optimizer_step(rollout_id)
     metrics = replica.metrics(stats, grad_norm, rollout)
     replica.zero_grad()
+    if witness is not None:
+        for instance, nonzero in replica.witness_snapshot().items():
+            events.log(WitnessSnapshotParamEvent(rollout_id=rollout_id, attempt=attempt, instance_id=instance,
+                                                 nonzero_witness_ids=nonzero, stale_id_ranges=witness.stale_ranges))
+        replica.zero_stale_witness_rows(witness.stale_ranges)
     return True, metrics
 
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ftexp.audit.events import read_events
+from ftexp.audit.witness import persisted_counter
 from ftexp.trainer.replica import latest_checkpoint
 
 BASELINE, TARGET = "baseline", "target"
@@ -101,3 +103,15 @@ def restore_events(load_dir: Path, events_dir: Path) -> None:
         if events_dir.exists():
             shutil.rmtree(events_dir)
         shutil.copytree(snap, events_dir)
+
+
+def start_event_log(spec: SideSpec) -> int:
+    """Set up the side's event dir; return the witness counter to continue from.
+
+    On resume the dir is first replaced by the loaded checkpoint's snapshot, and only then is the
+    counter read (spec §5, §17.8): allocations logged after that checkpoint never reached its
+    weights, so their ids are free again, while every id the checkpoint's weights hold stays taken.
+    """
+    if spec.load_dir is not None:
+        restore_events(spec.load_dir, spec.events_dir)
+    return persisted_counter(read_events(spec.events_dir))

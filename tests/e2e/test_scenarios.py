@@ -1,8 +1,8 @@
 """Real end-to-end scenario runs on the CPU (Ray actors, gloo/torchft groups, submitit jobs).
 
 Each scenario runs once per mode; the negative controls then edit a copy of a finished run and
-re-run ``stage=compare``, or re-run training with a deliberate healing bug, and must turn the
-verdict red with a message naming the cause.
+re-run ``stage=compare``, or re-run training with a deliberate healing or retry bug, and must turn
+the verdict red with a message naming the cause.
 """
 
 import json
@@ -59,6 +59,11 @@ def test_scenario_passes(runs, scenario, mode):
         assert _check(report, "phase_b/faults_injected")["passed"]
         recoveries = _check(report, "phase_b/recovery")["details"]["recoveries"]
         assert recoveries[1]["bytes"] > 0 and recoveries[0]["detection_s"] is not None
+        # The witness rule checked every commit, including the retry of the crashed rollout with fresh ids.
+        analyzer = _check(report, "phase_b/target_event_analyzer")
+        assert analyzer["passed"] and analyzer["details"]["issues"] == []
+        assert analyzer["details"]["witness_snapshot_events"] > 0
+        assert analyzer["details"]["witness_allocation_attempts"]["2"] == [0, 1]
     if scenario == "deterministic":
         assert len(_check(report, "phase_b/target_reconfigures")["details"]["actual"]) == 2
     _finished[(scenario, mode)] = run_dir
@@ -176,3 +181,30 @@ def test_broken_healing_turns_verdict_red(runs, control, cause):
     report = _report(run_dir)
     assert not report["passed"]
     assert cause in json.dumps(report)
+
+
+def test_removed_witness_snapshot_fails(runs, tmp_path):
+    run_dir = _copy_of(runs, ("with_failure", "dp2"), tmp_path)
+    healed = run_dir / "target" / "phase_b" / "events" / "actor_cell1_rank0.jsonl"
+    healed.write_text("".join(ln + "\n" for ln in healed.read_text().splitlines()
+                              if not ('"witness_snapshot_param"' in ln and '"rollout_id":3' in ln)))
+    assert _compare(run_dir, "with_failure", "dp2").returncode == 1
+    analyzer = _check(_report(run_dir), "phase_b/target_event_analyzer")
+    assert not analyzer["passed"] and "[witness] rollout 3: cell 1 committed but logged no witness snapshot" in analyzer["summary"]
+
+
+@pytest.mark.parametrize("control, scenario, phase, rollout", [
+    # Every cell steps attempt 0 yet reports it void: the retry trains the rollout's samples twice.
+    ("double_apply_retry", "no_failure", "", 0),
+    # The survivor of the crash steps on its local gradient although its reduce failed.
+    ("leak_discarded_attempt", "with_failure", "phase_b", 2),
+])
+def test_samples_trained_twice_fail_the_witness_rule(runs, tmp_path, control, scenario, phase, rollout):
+    """Only the witness sees these: all alive cells did the same, so their checksums agree."""
+    run_dir = _copy_of(runs, (scenario, "dp2"), tmp_path)  # re-train the target only, from the finished run
+    result = run_ftexp("mode=dp2", f"scenario={scenario}", "stage=target", f"run_dir={run_dir}",
+                       *([f"phase={phase}"] if phase else []), f"trainer.negative_control={control}", cwd=tmp_path)
+    assert result.returncode == 1, result.stdout[-2000:]
+    failure = _check(_report(run_dir), "training")["summary"]
+    assert f"[witness] rollout {rollout}: cell 0" in failure and "missing 0 ids [], extra " in failure, failure
+    assert "cross_replica_weight_checksum" not in failure

@@ -1,0 +1,230 @@
+"""The event analyzer's rules on crafted event logs: each passes a sound log and fails a broken one."""
+
+import pytest
+
+from ftexp.audit.analyzer import (EventAnalysisError, analyze, cross_replica_weight_checksum,
+                                  inference_engine_weight_checksum_consistency, raise_on_issues, witness)
+from ftexp.audit.events import (EventLogger, InferenceEngineWeightChecksumEvent, ProcessIdentity,
+                                TrainAdvantageComputationEvent, TrainEngineLocalWeightChecksumEvent,
+                                TrainGroupStepEndEvent, WitnessAllocateIdEvent, WitnessSnapshotParamEvent, read_events)
+
+HEAD, TAIL = "pp0_chunk0.local_head", "pp0_chunk0.local_tail"
+
+
+def actor(cell: int, rank: int = 0) -> ProcessIdentity:
+    return ProcessIdentity(component="actor", cell_index=cell, rank_within_cell=rank)
+
+
+def alloc(rollout_id, attempt, ids, counter_after=None):
+    return WitnessAllocateIdEvent(rollout_id=rollout_id, attempt=attempt, counter_after=counter_after or max(ids) + 1,
+                                  witness_id_to_sample_index={wid: i for i, wid in enumerate(ids)})
+
+
+def advantages(rollout_id, attempt, cell, per_sample: dict[int, list[float]], rank=0):
+    """per_sample: witness id -> that sample's per-token advantages on this rank."""
+    return TrainAdvantageComputationEvent(rollout_id=rollout_id, attempt=attempt, source=actor(cell, rank),
+                                          advantages=list(per_sample.values()),
+                                          witness_ids=[[wid] * len(a) for wid, a in per_sample.items()])
+
+
+def snapshots(rollout_id, attempt, cell, nonzero, stale=()):
+    return [WitnessSnapshotParamEvent(rollout_id=rollout_id, attempt=attempt, source=actor(cell), instance_id=instance,
+                                      nonzero_witness_ids=sorted(nonzero), stale_id_ranges=list(stale))
+            for instance in (HEAD, TAIL)]
+
+
+def commit(rollout_id, attempt, outcomes):
+    return TrainGroupStepEndEvent(rollout_id=rollout_id, attempt=attempt, cell_outcomes=outcomes)
+
+
+def trained(rollout_id, attempt, ids):
+    """Both cells trained ``ids`` with non-zero advantages (split between them)."""
+    return [advantages(rollout_id, attempt, cell, {wid: [0.5, -0.5] for wid in ids[cell::2]}) for cell in (0, 1)]
+
+
+def sound_log():
+    """Two cells, two rollouts; rollout 1's attempt 0 was discarded and retried with fresh ids."""
+    return [
+        alloc(0, 0, [0, 1, 2, 3]), *trained(0, 0, [0, 1, 2, 3]),
+        *snapshots(0, 0, 0, {0, 1, 2, 3}), *snapshots(0, 0, 1, {0, 1, 2, 3}),
+        commit(0, 0, {0: ["normal"], 1: ["normal"]}),
+        alloc(1, 0, [4, 5, 6, 7]), *trained(1, 0, [4, 5, 6, 7]),
+        alloc(1, 1, [8, 9, 10, 11]), *trained(1, 1, [8, 9, 10, 11]),
+        *snapshots(1, 1, 0, set(range(4)) | {8, 9, 10, 11}), *snapshots(1, 1, 1, set(range(4)) | {8, 9, 10, 11}),
+        commit(1, 1, {0: ["normal"], 1: ["normal"]}),
+    ]
+
+
+def replace_snapshots(log, rollout_id, cell, nonzero, attempt=None):
+    kept = [e for e in log if not (isinstance(e, WitnessSnapshotParamEvent) and e.rollout_id == rollout_id
+                                   and e.source.cell_index == cell)]
+    attempt = max(e.attempt for e in log if isinstance(e, WitnessAllocateIdEvent) and e.rollout_id == rollout_id) \
+        if attempt is None else attempt
+    return kept + snapshots(rollout_id, attempt, cell, nonzero)
+
+
+def only(issues):
+    assert len(issues) >= 1
+    assert all(i.rule == "witness" for i in issues)
+    return issues
+
+
+# ---- witness --------------------------------------------------------------------------------------
+def test_sound_log_passes():
+    assert witness(sound_log()) == []
+    assert analyze(sound_log()) == []
+
+
+def test_lost_sample_is_missing():
+    log = replace_snapshots(sound_log(), 1, 1, set(range(4)) | {8, 9, 11})
+    issues = only(witness(log))
+    assert len(issues) == 2  # both instances of cell 1
+    assert issues[0].rollout_id == 1 and "cell 1" in issues[0].description
+    assert "missing 1 ids [10]" in issues[0].description and "extra 0 ids" in issues[0].description
+
+
+def test_discarded_attempt_that_reached_the_weights_is_extra():
+    log = replace_snapshots(sound_log(), 1, 0, set(range(12)))
+    [head, tail] = only(witness(log))
+    assert "extra 4 ids [4, 5, 6, 7]" in head.description and HEAD in head.description and TAIL in tail.description
+    with pytest.raises(EventAnalysisError, match=r"\[witness\] rollout 1: cell 0 .*extra 4 ids \[4, 5, 6, 7\]"):
+        raise_on_issues(log)
+
+
+def test_a_retried_step_trained_twice_is_extra_even_when_all_cells_agree():
+    log = sound_log()
+    for cell in (0, 1):  # both cells stepped attempt 0 and attempt 1: checksums agree, witnesses do not
+        log = replace_snapshots(log, 1, cell, set(range(12)))
+    assert len(witness(log)) == 4
+    assert cross_replica_weight_checksum(log) == []
+
+
+def test_only_the_latest_attempt_snapshot_of_a_cell_counts():
+    log = sound_log() + snapshots(1, 0, 0, {0, 1, 2, 3, 4, 5, 6, 7})  # a stale attempt-0 snapshot
+    assert witness(log) == []
+    log = sound_log() + snapshots(1, 2, 0, {0, 1, 2, 3, 4, 5, 6, 7})  # a later attempt that is wrong
+    assert only(witness(log))
+
+
+def test_only_the_latest_attempt_allocation_is_expected():
+    log = replace_snapshots(sound_log(), 1, 0, set(range(8)), attempt=1)  # attempt 0's ids instead of attempt 1's
+    issues = only(witness(log))
+    assert "missing 4 ids [8, 9, 10, 11]" in issues[0].description and "extra 4 ids [4, 5, 6, 7]" in issues[0].description
+
+
+def test_committed_cell_without_snapshot_is_an_issue():
+    log = [e for e in sound_log() if not (isinstance(e, WitnessSnapshotParamEvent) and e.rollout_id == 0
+                                          and e.source.cell_index == 1)]
+    [issue] = only(witness(log))
+    assert issue.rollout_id == 0 and "cell 1 committed but logged no witness snapshot" in issue.description
+
+
+@pytest.mark.parametrize("outcome", ["error", ["discarded_should_retry"], ["normal", "discarded_should_retry"]])
+def test_cells_that_did_not_commit_normally_are_skipped(outcome):
+    log = [e for e in sound_log() if not (isinstance(e, WitnessSnapshotParamEvent) and e.source.cell_index == 1)]
+    log = [commit(e.rollout_id, e.attempt, {0: ["normal"], 1: outcome}) if isinstance(e, TrainGroupStepEndEvent) else e
+           for e in log]
+    assert witness(log) == []
+
+
+def test_zero_advantage_samples_are_excused():
+    log = sound_log() + [advantages(1, 1, 0, {9: [0.0, 0.0, 0.0]})]
+    log = replace_snapshots(replace_snapshots(log, 1, 0, set(range(4)) | {8, 10, 11}), 1, 1, set(range(4)) | {8, 10, 11})
+    assert witness(log) == []
+    # The excuse lasts: the row stays 0 in later rollouts too.
+    log += [alloc(2, 0, [12, 13]), *trained(2, 0, [12, 13]), *snapshots(2, 0, 0, set(range(4)) | {8, 10, 11, 12, 13}),
+            *snapshots(2, 0, 1, set(range(4)) | {8, 10, 11, 12, 13}), commit(2, 0, {0: ["normal"], 1: ["normal"]})]
+    assert witness(log) == []
+
+
+def test_zero_advantages_of_an_earlier_attempt_excuse_nothing():
+    log = sound_log() + [advantages(1, 0, 0, {9: [0.0, 0.0]})]  # attempt 0 said 9 was zero; attempt 1 did not
+    log = replace_snapshots(log, 1, 0, set(range(4)) | {8, 10, 11})
+    assert "missing 1 ids [9]" in only(witness(log))[0].description
+
+
+def test_a_reallocated_id_loses_its_excuse():
+    log = [
+        alloc(0, 0, [0, 1]), advantages(0, 0, 0, {0: [0.0], 1: [1.0]}),
+        *snapshots(0, 0, 0, {1}), commit(0, 0, {0: ["normal"]}),
+        alloc(1, 0, [0, 2]), advantages(1, 0, 0, {0: [0.3], 2: [1.0]}),  # slot 0 reused, trained this time
+        *snapshots(1, 0, 0, {1, 2}), commit(1, 0, {0: ["normal"]}),
+    ]
+    assert "missing 1 ids [0]" in only(witness(log))[0].description
+    log = log[:-3] + [*snapshots(1, 0, 0, {0, 1, 2}), commit(1, 0, {0: ["normal"]})]
+    assert witness(log) == []
+
+
+def test_an_empty_cp_shard_is_not_a_zero_advantage_sample():
+    # Under CP, sample 9's whole response may sit on the other CP rank: this rank logs [] for it.
+    base = sound_log() + [advantages(1, 1, 0, {9: []}, rank=1)]
+    log = replace_snapshots(base, 1, 0, set(range(4)) | {8, 10, 11})
+    assert "missing 1 ids [9]" in only(witness(log))[0].description
+    # Zero on the rank that holds its tokens, empty on the other: excused.
+    log = replace_snapshots(base + [advantages(1, 1, 0, {9: [0.0, 0.0]}, rank=0)], 1, 0, set(range(4)) | {8, 10, 11})
+    log = replace_snapshots(log, 1, 1, set(range(4)) | {8, 10, 11})
+    assert witness(log) == []
+
+
+def test_stale_slots_are_ignored_on_both_sides():
+    log = sound_log()
+    log = [e for e in log if not (isinstance(e, WitnessSnapshotParamEvent) and e.rollout_id == 1)]
+    # Slots 0..3 are stale at rollout 1: their rows were zeroed, or are about to be.
+    for cell, nonzero in ((0, {8, 9, 10, 11}), (1, {2, 8, 9, 10, 11})):
+        log += snapshots(1, 1, cell, nonzero, stale=[(0, 4)])
+    assert witness(log) == []
+    log += snapshots(1, 1, 0, {8, 9, 10}, stale=[(0, 4)])
+    assert only(witness(log))
+
+
+def test_a_sample_with_several_witness_ids_is_an_issue():
+    event = TrainAdvantageComputationEvent(rollout_id=0, attempt=0, source=actor(0), advantages=[[0.1, 0.2]],
+                                           witness_ids=[[0, 1]])
+    [issue] = only(witness(sound_log() + [event]))
+    assert "several witness ids [0, 1]" in issue.description
+
+
+def test_without_any_allocation_the_witness_was_off():
+    log = [e for e in sound_log() if isinstance(e, TrainGroupStepEndEvent)]
+    assert witness(log) == []
+
+
+def test_the_rule_survives_the_json_round_trip(tmp_path):
+    main = EventLogger(tmp_path, ProcessIdentity(component="main"))
+    cells = {c: EventLogger(tmp_path, actor(c)) for c in (0, 1)}
+    for e in sound_log():
+        (cells[e.source.cell_index] if e.source.component == "actor" else main).log(e)
+    events = read_events(tmp_path)
+    assert len(events) == len(sound_log()) and witness(events) == []
+    cells[0].log(snapshots(1, 1, 0, set(range(12)))[0])
+    assert only(witness(read_events(tmp_path)))
+
+
+# ---- cross_replica_weight_checksum ----------------------------------------------------------------
+def checksum(cell, rollout_id, attempt, param="a", exp_avg="b"):
+    return TrainEngineLocalWeightChecksumEvent(rollout_id=rollout_id, attempt=attempt, source=actor(cell),
+                                               state={"param_hashes": {"pp0.w": param},
+                                                      "optimizer_hashes": {"w.exp_avg": exp_avg}})
+
+
+def test_cross_replica_checksums_must_agree_per_rollout_and_attempt():
+    assert cross_replica_weight_checksum([checksum(0, 0, 0), checksum(1, 0, 0), checksum(1, 1, 0, "z")]) == []
+    [issue] = cross_replica_weight_checksum([checksum(0, 0, 0), checksum(1, 0, 0, exp_avg="c")])
+    assert issue.rule == "cross_replica_weight_checksum" and "optimizer_hashes.w.exp_avg" in issue.description
+
+
+# ---- inference_engine_weight_checksum_consistency -------------------------------------------------
+def engines(rollout_id, *checksums):
+    return InferenceEngineWeightChecksumEvent(rollout_id=rollout_id, engine_checksums=list(checksums))
+
+
+def test_engines_must_hold_the_same_weights():
+    rule = inference_engine_weight_checksum_consistency
+    assert rule([engines(0, {"w": "a"})]) == []  # a single engine has nothing to agree with
+    assert rule([engines(0, {"w": "a", "v": "b"}, {"w": "a", "v": "b"}, {"w": "a", "v": "b"})]) == []
+    [issue] = rule([engines(3, {"w": "a"}, {"w": "a"}, {"w": "x"})])
+    assert issue.rule == "inference_engine_weight_checksum_consistency" and issue.rollout_id == 3
+    assert "rollout_3/engine_0 and rollout_3/engine_2" in issue.description and "'w'" in issue.description
+    [issue] = rule([engines(None, {"w": "a", "v": "b"}, {"w": "a"})])  # a missing tensor differs too
+    assert "rollout_None/engine_1" in issue.description and "'v'" in issue.description
+    assert analyze([engines(1, {"w": "a"}, {"w": "b"})])[0].rule == "inference_engine_weight_checksum_consistency"

@@ -55,6 +55,8 @@ def side_spec(cfg: ExperimentConfig, run_dir: Path, side: str, phase: PhaseConfi
         num_rollout=cfg.scenario.num_rollout, deterministic=cfg.scenario.deterministic, seed=cfg.seed,
         load_dir=load_dir, save_interval=phase.save_interval, exit_after_rollouts=phase.exit_after_rollouts,
         actions=list(phase.target_actions) if side == TARGET else [],
+        control=cfg.scenario.control if side == TARGET else None,
+        soak=cfg.scenario.soak if side == TARGET else None,
     )
 
 

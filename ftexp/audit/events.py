@@ -129,6 +129,14 @@ class InferenceEngineWeightChecksumEvent(_Event):
     engine_checksums: list[dict[str, str]]
 
 
+class ControlServerStartedEvent(_Event):
+    """Where the run's control server listens (port 0 in the config means a free port was picked)."""
+
+    type: Literal["control_server_started"] = "control_server_started"
+    host: str
+    port: int
+
+
 class FaultInjectedEvent(_Event):
     """Positive proof that a planned fault fired (written by the process just before it dies)."""
 
@@ -151,6 +159,7 @@ Event = Annotated[
         TrainAdvantageComputationEvent,
         InferenceEngineWeightChecksumEvent,
         FaultInjectedEvent,
+        ControlServerStartedEvent,
     ],
     Field(discriminator="type"),
 ]

@@ -23,10 +23,15 @@ class SoakInjection:
     def __init__(self, soak_cfg, seed: int, side_dir: Path):
         self.cfg, self.seed, self.side_dir = soak_cfg, seed, side_dir
         self.injector: RandomInjector | None = None
+        self.stopped = False
 
     def poll(self) -> None:
         control = self.side_dir / CONTROL_FILE
-        if self.injector is not None or not control.is_file():
+        if self.injector is not None:
+            if not control.is_file():  # the driver is shutting its server down
+                self._stop_injector()
+            return
+        if not control.is_file():
             return
         base_url = json.loads(control.read_text())["base_url"]
         self.injector = RandomInjector(base_url, seed=self.seed, crash_probability=self.cfg.crash_probability,
@@ -35,10 +40,13 @@ class SoakInjection:
         self.injector.start()
         log.info("soak: injecting faults into %s (mean interval %.1f s)", base_url, self.injector.mean_interval_s)
 
-    def stop(self) -> None:
-        injections = []
-        if self.injector is not None:
+    def _stop_injector(self) -> None:
+        if self.injector is not None and not self.stopped:
             self.injector.stop_and_join()
-            injections = [{"timestamp": i.timestamp.isoformat(), "cell": i.cell, "mode": i.mode.value}
-                          for i in self.injector.injections]
+            self.stopped = True
+
+    def stop(self) -> None:
+        self._stop_injector()
+        injections = [{"timestamp": i.timestamp.isoformat(), "cell": i.cell, "mode": i.mode.value}
+                      for i in (self.injector.injections if self.injector is not None else [])]
         (self.side_dir / INJECTIONS_FILE).write_text(json.dumps(injections, indent=2))

@@ -71,6 +71,8 @@ class Cell:
         self.state, self.info = CellState.ALIVE, info
 
     def mark_errored(self) -> None:
+        if self.state == CellState.STOPPED:
+            return  # the control plane stopped it while the failed call was in flight
         self._expect(CellState.ALLOCATED, CellState.ALIVE, CellState.ERRORED)
         self.state = CellState.ERRORED
 

@@ -29,13 +29,16 @@ from ftexp.trainer.collectives import sum_across
 from ftexp.trainer.replica import Replica, load_checkpoint, save_checkpoint, train_step
 from ftexp.trainer.rollout_data import load_rollout, rollout_path
 from ftexp.trainer.side import SideSpec, append_metrics, snapshot_events
+from ftexp.faults.failure_modes import inject_fault
 from ftexp.trainer import transfer
 
 log = logging.getLogger(__name__)
 NORMAL, DISCARDED = "normal", "discarded_should_retry"
 
 
-@ray.remote(num_cpus=0, max_restarts=0, concurrency_groups={"heartbeat": 1})
+# Heartbeats and fault injection get their own concurrency groups, so they are served while a
+# training call is blocked (e.g. in a collective waiting for a dead peer).
+@ray.remote(num_cpus=0, max_restarts=0, concurrency_groups={"heartbeat": 1, "fault_injector": 1})
 class CellRank:
     def __init__(self, spec: SideSpec, cell_index: int, rank_within_cell: int, store_addr: str):
         logging.basicConfig(level=logging.INFO, stream=sys.stdout, force=True,
@@ -50,10 +53,25 @@ class CellRank:
         self.replica = Replica(spec.trainer, seed=spec.seed)
         self.info: IndepDPInfo | None = None
         self.pg: ProcessGroupGloo | None = None
+        self.last_active, self.bump_count = time.time(), 0
 
     @ray.method(concurrency_group="heartbeat")
     def ping(self) -> bool:
         return True
+
+    @ray.method(concurrency_group="heartbeat")
+    def heartbeat(self) -> dict[str, float]:
+        """Liveness is "this RPC returned" (spec §7.1); the payload says when the rank last worked."""
+        return {"last_active_timestamp": self.last_active, "bump_count": self.bump_count}
+
+    @ray.method(concurrency_group="fault_injector")
+    def inject_fault(self, mode: str) -> None:
+        log.warning("injected fault: %s", mode)
+        sys.stdout.flush()
+        inject_fault(mode)
+
+    def _bump(self) -> None:
+        self.last_active, self.bump_count = time.time(), self.bump_count + 1
 
     # ---- membership ---------------------------------------------------------------------------
     def _configure_group(self, info: IndepDPInfo) -> None:
@@ -82,21 +100,33 @@ class CellRank:
                 state["optimizer"] = self.replica.optimizer.state_dict()
             if control != NegativeControl.skip_heal_transfer:
                 self.replica.load_state_dict(state)
-        return {"configure_s": t1 - t0, "transfer_s": time.monotonic() - t1, "bytes": received,
+        return {"ok": True, "configure_s": t1 - t0, "transfer_s": time.monotonic() - t1, "bytes": received,
                 "last_rollout_id": self.replica.last_rollout_id}
 
     def reconfigure(self, info: IndepDPInfo, send_to: list[int]) -> dict[str, Any]:
-        """Move to a new quorum; as the healing source, send the full state to each new alive rank."""
+        """Move to a new quorum; as the healing source, send the full state to each new alive rank.
+
+        A peer that dies meanwhile makes the rendezvous or the send fail. That is the peer's fault,
+        not this rank's: report ``ok: False`` (the group retries the reconfigure) instead of raising,
+        which would get this healthy cell — possibly the last one — killed (spec §17.4).
+        """
+        self._bump()
         t0 = time.monotonic()
-        self._configure_group(info)
-        t1 = time.monotonic()
-        sent = sum(transfer.send_state(self.pg, self.replica.state_dict(), dst) for dst in send_to)
-        return {"configure_s": t1 - t0, "transfer_s": time.monotonic() - t1, "bytes": sent}
+        try:
+            self._configure_group(info)
+            t1 = time.monotonic()
+            sent = sum(transfer.send_state(self.pg, self.replica.state_dict(), dst) for dst in send_to)
+        except Exception as e:
+            log.warning("reconfigure to quorum %d failed: %s", info.quorum_id, e)
+            self.pg = None
+            return {"ok": False, "error": str(e).splitlines()[0] if str(e) else type(e).__name__}
+        return {"ok": True, "configure_s": t1 - t0, "transfer_s": time.monotonic() - t1, "bytes": sent}
 
     # ---- training -----------------------------------------------------------------------------
     def train(self, rollout_id: int, attempt: int, witness: WitnessInfo | None) -> tuple[str, dict[str, float] | None]:
         info, spec = self.info, self.spec
         assert info is not None, "train before init"
+        self._bump()
         control = spec.trainer.negative_control
         rollout = load_rollout(rollout_path(spec.data_dir, rollout_id), expected_rollout_id=rollout_id)
         logs_for_group = info.alive_rank == 0  # the first alive cell writes dumps and metrics

@@ -7,14 +7,21 @@ train (with retries and healing) → group-level test actions → checkpoint.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import sys
+import threading
 import time
+
 import ray
 
 from ftexp.audit.analyzer import raise_on_issues
-from ftexp.audit.events import EventLogger, ProcessIdentity, read_events
+from ftexp.audit.events import ControlServerStartedEvent, EventLogger, ProcessIdentity, read_events
 from ftexp.audit.witness import WitnessIdAllocator
 from ftexp.config import TestActionKind
+from ftexp.control.train_cells import ControlPlane
+from ftexp.faults.soak import CONTROL_FILE
 from ftexp.trainer.cell_rank import CellRank
 from ftexp.trainer.group import TrainGroup
 from ftexp.trainer.store import LoopbackStore
@@ -43,6 +50,44 @@ def _group_actions(spec: SideSpec, group: TrainGroup, rollout_id: int) -> None:
             group.start_cell(cell)
 
 
+class StepWatchdog:
+    """Turns a hang into a failure: no commit for ``deadline_s`` → log who waits on what, then exit."""
+
+    def __init__(self, group: TrainGroup, deadline_s: float):
+        self.group, self.deadline_s = group, deadline_s
+        self.last_progress = time.monotonic()
+        self._stop = threading.Event()
+        threading.Thread(target=self._run, name="step-watchdog", daemon=True).start()
+
+    def progress(self) -> None:
+        self.last_progress = time.monotonic()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(1.0):
+            if time.monotonic() - self.last_progress > self.deadline_s:
+                states = {c.index: c.state.value for c in self.group.cells}
+                log.error("HANG: no commit for %.0f s; the driver waits on %s; cell states %s",
+                          self.deadline_s, self.group.waiting_on or "nothing (between calls)", states)
+                sys.stdout.flush()
+                for cell in self.group.cells:  # a frozen actor would outlive us otherwise
+                    for actor in cell.actors:
+                        ray.kill(actor, no_restart=True)
+                os._exit(3)
+
+
+def _start_control_plane(spec: SideSpec, group: TrainGroup, events: EventLogger) -> ControlPlane:
+    plane = ControlPlane(group, spec.control)
+    port = plane.start()
+    group.health = plane
+    events.log(ControlServerStartedEvent(host=spec.control.host, port=port))
+    # The harness (soak injector) finds the server through this file.
+    (spec.side_dir / CONTROL_FILE).write_text(json.dumps({"base_url": plane.server.base_url, "port": port}))
+    return plane
+
+
 def run_ft_driver(spec: SideSpec) -> None:
     witness_counter = start_event_log(spec)
     events = EventLogger(spec.events_dir, ProcessIdentity(component="main"))
@@ -56,12 +101,22 @@ def run_ft_driver(spec: SideSpec) -> None:
     store_addr = store.address
     group = TrainGroup(spec.num_cells, 1, lambda c, r: CellRank.remote(spec, c, r, store_addr), events, spec.trainer,
                        witness)
+    plane = watchdog = None
+    soak = spec.soak if spec.soak is not None and spec.soak.enabled else None
     try:
         group.init(load_rollout_id=rollouts.start - 1 if spec.load_dir is not None else None)
+        if spec.control is not None and spec.control.enabled:
+            plane = _start_control_plane(spec, group, events)
+        if soak is not None:
+            watchdog = StepWatchdog(group, soak.step_deadline_s)
         for rollout_id in rollouts:
             raise_on_issues(read_events(spec.events_dir))  # fail fast on the previous rollout's events
+            if soak is not None:
+                time.sleep(soak.simulated_rollout_s)  # "generation": the window in which faults land
             started = time.monotonic()
             metrics = group.train(rollout_id)
+            if watchdog is not None:
+                watchdog.progress()
             append_perf(spec.side_dir, rollout_id, time.monotonic() - started)
             log.info("target rollout %d committed: loss=%.6f alive=%s", rollout_id, metrics.get("train/loss", float("nan")),
                      group.alive_indices())
@@ -70,5 +125,10 @@ def run_ft_driver(spec: SideSpec) -> None:
                 group.execute_first_alive("save", rollout_id)
         raise_on_issues(read_events(spec.events_dir))
     finally:
+        if watchdog is not None:
+            watchdog.stop()
+        if plane is not None:
+            (spec.side_dir / CONTROL_FILE).unlink(missing_ok=True)  # tells the harness to stop injecting
+            plane.stop()
         group.shutdown()
         ray.shutdown()

@@ -41,6 +41,8 @@ class TrainGroup:
         self.witness_allocator = witness_allocator
         self.quorum_id = 0
         self.cells = [Cell(i, lambda c: [make_rank(c, r) for r in range(ranks_per_cell)]) for i in range(num_cells)]
+        self.health = None  # set by the control plane: paused around every reconfigure (spec §4 step 6)
+        self.waiting_on: dict[int, str] = {}  # cell -> the call the loop is blocked on (for hang diagnosis)
 
     # ---- start-up -----------------------------------------------------------------------------
     def init(self, load_rollout_id: int | None) -> None:
@@ -71,6 +73,16 @@ class TrainGroup:
         will_alive = sorted(set(pending) | set(alive))
         if not pending and all(list(self.cells[i].info.alive_cell_indices) == will_alive for i in alive):
             return None
+        if self.health is not None:
+            self.health.pause_health()
+        try:
+            return self._reconfigure(rollout_id, pending, alive, will_alive)
+        finally:
+            if self.health is not None:
+                self.health.resume_health()
+
+    def _reconfigure(self, rollout_id: int, pending: list[int], alive: list[int],
+                     will_alive: list[int]) -> CellReconfigureEvent:
         self.quorum_id += 1
         t0 = time.monotonic()
         for i in pending:
@@ -88,13 +100,23 @@ class TrainGroup:
         results: dict[int, list[dict[str, Any]]] = {}
         failed = []
         for i, ref in refs.items():
+            self.waiting_on = {i: f"quorum {self.quorum_id}: {'reconfigure' if i in alive else 'init (healing)'}"}
             try:
                 results[i] = self.cells[i].collect(ref)
+                if not all(r["ok"] for r in results[i]):  # alive, but its group did not form
+                    log.error("reconfigure: cell %d could not join quorum %d: %s", i, self.quorum_id,
+                              next(r["error"] for r in results[i] if not r["ok"]))
+                    failed.append(i)
             except Exception as e:
                 log.error("reconfigure: cell %d failed: %s", i, e)
                 failed.append(i)
         if failed:
-            # No event; the survivors' views now list a dead cell, so the next refresh retries.
+            # No event. Healed cells that did come up belong to a quorum that never formed: back to
+            # Pending for the next refresh. Survivors keep their old view, so it reconfigures again.
+            for i in pending:
+                if self.cells[i].state == CellState.ALLOCATED:
+                    self.cells[i].stop()
+                    self.cells[i].start()
             raise RetryableStepError(f"reconfigure to quorum {self.quorum_id} failed in cells {failed}")
         for i in will_alive:
             self.cells[i].mark_alive(info[i])
@@ -145,6 +167,8 @@ class TrainGroup:
         outcomes: dict[int, Any] = {}
         metrics: dict[str, float] | None = None
         for cell in cells:
+            self.waiting_on = {c.index: f"rollout {rollout_id} attempt {attempt}: train" for c in cells
+                               if c.index >= cell.index}
             try:
                 results = cell.collect(refs[cell.index])
             except Exception as e:
@@ -156,6 +180,7 @@ class TrainGroup:
             metrics = metrics or next((m for _, m in results if m is not None), None)
         normal = [i for i, o in outcomes.items() if o != "error" and all(x == NORMAL for x in o)]
         discarded = [i for i, o in outcomes.items() if o != "error" and any(x == DISCARDED for x in o)]
+        self.waiting_on = {}
         if discarded or not normal:
             raise RetryableStepError(f"outcomes {outcomes}")
         self.events.log(TrainGroupStepEndEvent(rollout_id=rollout_id, attempt=attempt, cell_outcomes=outcomes))

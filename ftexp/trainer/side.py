@@ -36,6 +36,8 @@ class SideSpec:
     save_interval: int | None = None
     exit_after_rollouts: int | None = None
     actions: list[Any] = field(default_factory=list)  # ftexp.config.TestAction (target only)
+    control: Any = None             # ftexp.config.ControlConfig (target only)
+    soak: Any = None                # ftexp.config.SoakConfig (target only)
 
     @property
     def events_dir(self) -> Path:

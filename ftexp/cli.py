@@ -96,6 +96,7 @@ def _hydra_main(cfg: DictConfig) -> int | None:
 
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(name)s: %(message)s", datefmt="%H:%M:%S")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # the soak injector polls the control API
     register_configs()
     args = sys.argv[1:]
     hydra_flags = [a for a in args if a.startswith("-")]

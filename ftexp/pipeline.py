@@ -23,16 +23,12 @@ from ftexp.launch.jobs import JobFailed, run_side_job
 from ftexp.scenarios import verify_run
 from ftexp.trainer.model import build_model
 from ftexp.trainer.rollout_data import generate_rollout, rollout_path, save_rollout
-from ftexp.trainer.side import BASELINE, TARGET, SideSpec
+from ftexp.trainer.side import BASELINE, TARGET, SideSpec, side_dir
 from ftexp.tracking import track
 from ftexp.tracking.result import build_result, write_result
 from ftexp.verify.report import CheckResult, Verdict, plot_curves, write_report
 
 log = logging.getLogger("ftexp")
-
-
-def side_dir(run_dir: Path, side: str, phase: str) -> Path:
-    return run_dir / side / phase if phase else run_dir / side
 
 
 def prepare(cfg: ExperimentConfig, run_dir: Path) -> Path:

@@ -39,6 +39,7 @@ def train_side(spec: SideSpec) -> str:
     os.dup2(fd, 1), os.dup2(fd, 2)  # fd-level, so child processes inherit it
     logging.basicConfig(level=logging.INFO, stream=sys.stdout, force=True,
                         format="[%(asctime)s] %(name)s: %(message)s", datefmt="%H:%M:%S")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per control-API poll otherwise
     log.info("training %s%s: rollouts %s", spec.side, f"/{spec.phase}" if spec.phase else "", list(spec.rollout_ids()))
     if spec.side == BASELINE:
         from ftexp.trainer.plain_dp import run_plain_dp

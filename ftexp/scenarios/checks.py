@@ -13,6 +13,7 @@ from ftexp.audit.events import (CellReconfigureEvent, FaultInjectedEvent, TrainE
                                 WitnessAllocateIdEvent, WitnessSnapshotParamEvent, read_events)
 from ftexp.config import ExperimentConfig, PhaseConfig
 from ftexp.scenarios.expectations import PhaseExpectation
+from ftexp.trainer.side import side_dir
 from ftexp.verify.dumps import compare_dumps, leaf_set
 from ftexp.verify.metrics import compare_metrics
 from ftexp.verify.reconfigure import check_reconfigure_events
@@ -22,13 +23,9 @@ from ftexp.verify.report import CheckResult
 REQUIRED_METRICS = ("train/loss", "train/grad_norm")
 
 
-def _side_dir(run_dir: Path, side: str, phase: str) -> Path:
-    return run_dir / side / phase if phase else run_dir / side
-
-
 def check_phase(cfg: ExperimentConfig, run_dir: Path, phase: PhaseConfig, expect: PhaseExpectation) -> list[CheckResult]:
     label = f"{phase.name}/" if phase.name else ""
-    base, targ = _side_dir(run_dir, "baseline", phase.name), _side_dir(run_dir, "target", phase.name)
+    base, targ = side_dir(run_dir, "baseline", phase.name), side_dir(run_dir, "target", phase.name)
     th = cfg.threshold
     checks = [
         check_leaves(base / "dumps", expect.rollouts, f"{label}dump_leaves"),

@@ -71,8 +71,6 @@ class Cell:
         self.state, self.info = CellState.ALIVE, info
 
     def mark_errored(self) -> None:
-        if self.state == CellState.STOPPED:
-            return  # the control plane stopped it while the failed call was in flight
         self._expect(CellState.ALLOCATED, CellState.ALIVE, CellState.ERRORED)
         self.state = CellState.ERRORED
 
@@ -101,6 +99,8 @@ class Cell:
         try:
             return ray.get(refs)
         except Exception:
+            if self.state in (CellState.STOPPED, CellState.PENDING):
+                raise  # the control plane already stopped (and maybe restarted) it mid-call
             self.mark_errored()
             self.stop_and_confirm_dead()
             raise

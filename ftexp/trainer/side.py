@@ -21,6 +21,11 @@ from ftexp.trainer.replica import latest_checkpoint
 BASELINE, TARGET = "baseline", "target"
 
 
+def side_dir(run_dir: Path, side: str, phase: str) -> Path:
+    """``<run_dir>/<side>[/<phase>]``: where one training job of an experiment writes."""
+    return run_dir / side / phase if phase else run_dir / side
+
+
 @dataclass
 class SideSpec:
     side: str                       # "baseline" (plain DP) or "target" (fault-tolerant cells)

@@ -40,7 +40,16 @@ def _one_line(exc: BaseException) -> str:
         group, name = missing.groups()
         options = re.findall(r"^\t(\S+)$", text, flags=re.M)
         return f"unknown {group} '{name}'" + (f" (available: {', '.join(options)})" if options else "")
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith(("full_key", "object_type", "reference_type"))]
+    def useful_lines(e: BaseException) -> list[str]:
+        skip = ("full_key", "object_type", "reference_type")
+        return [ln.strip() for ln in str(e).splitlines() if ln.strip() and not ln.strip().startswith(skip)]
+
+    lines = useful_lines(exc)
+    root = exc
+    while root.__cause__ is not None:  # Hydra wraps the OmegaConf error that says what is wrong
+        root = root.__cause__
+    if root is not exc and useful_lines(root):
+        lines = lines[:1] + useful_lines(root)[:1]
     return " — ".join(lines[:2]) or type(exc).__name__
 
 

@@ -18,6 +18,9 @@ from ftexp_runner import run_ftexp
     (["stage=bogus"], "stage"),
     (["seed=abc"], "seed"),
     (["phase=phase_z", "scenario=with_failure"], "unknown phase"),
+    (["scenario=with_failure", "scenario.phases.1.target_actions=[{at_rollout:1,action:boom}]"], "Invalid value 'boom'"),
+    (["scenario=with_failure", "scenario.phases.1.target_actions=[{at_rollout:1,action:stop_cell_at_end,colour:red}]"],
+     "scenario.phases.1.target_actions"),
 ])
 def test_bad_input_exits_2_with_one_line(tmp_path, overrides, message):
     result = run_ftexp(*overrides, f"hydra.run.dir={tmp_path}/run", cwd=tmp_path, timeout=120)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ftexp.audit.events import CellReconfigureEvent, FaultInjectedEvent, read_events
+from ftexp.faults.soak import INJECTIONS_FILE
 
 RESULT_FILE = "result.json"
 
@@ -28,9 +29,11 @@ def _target_events(run_dir: Path) -> list[Any]:
 
 
 def build_result(run_dir: Path, verdict, overrides: list[str], wall_time_s: float,
-                 final_metrics: dict[str, float], injections: int | None = None) -> dict[str, Any]:
+                 final_metrics: dict[str, float]) -> dict[str, Any]:
     events = _target_events(run_dir)
-    faults = sum(isinstance(e, FaultInjectedEvent) for e in events)
+    # Planned crashes log a fault event; a soak's random injections are listed by the harness.
+    faults = sum(isinstance(e, FaultInjectedEvent) for e in events) + sum(
+        len(json.loads(p.read_text())) for p in (run_dir / "target").glob(f"**/{INJECTIONS_FILE}"))
     return {
         "run_dir": str(run_dir),
         "scenario": verdict.scenario,
@@ -38,7 +41,7 @@ def build_result(run_dir: Path, verdict, overrides: list[str], wall_time_s: floa
         "passed": verdict.passed,
         "overrides": overrides,
         "failed_checks": [c.name for c in verdict.checks if not c.passed],
-        "injections": faults if injections is None else injections,
+        "injections": faults,
         "heals": sum(isinstance(e, CellReconfigureEvent) and bool(e.healed_cell_indices) for e in events),
         "final_metrics": final_metrics,
         "wall_time_s": round(wall_time_s, 1),

@@ -1,0 +1,122 @@
+"""Cell lifecycle and group refresh rules (spec §3, §4, §19) against real Ray actors.
+
+The actors here are scripted stand-ins for a cell's ranks (they answer init/reconfigure/train as
+told); the real CellRank runs in the end-to-end scenario tests.
+"""
+
+import pytest
+import ray
+
+from ftexp.audit.events import CellReconfigureEvent, EventLogger, ProcessIdentity, read_events
+from ftexp.config import TrainerConfig
+from ftexp.trainer.cell import Cell, CellState
+from ftexp.trainer.driver import start_local_ray
+from ftexp.trainer.group import TrainGroup
+
+
+@ray.remote(num_cpus=0, max_restarts=0)
+class ScriptedRank:
+    def __init__(self, cell_index: int):
+        self.cell_index, self.calls = cell_index, []
+
+    def ping(self):
+        return True
+
+    def init(self, info, load_rollout_id, recv_src_rank):
+        self.calls.append(("init", info.quorum_id, recv_src_rank))
+        return {"ok": True, "configure_s": 0.0, "transfer_s": 0.0, "bytes": 0, "last_rollout_id": -1}
+
+    def reconfigure(self, info, send_to):
+        self.calls.append(("reconfigure", info.quorum_id, list(send_to)))
+        return {"ok": True, "configure_s": 0.0, "transfer_s": 0.0, "bytes": 100 * len(send_to)}
+
+    def train(self, rollout_id, attempt, witness):
+        return "normal", {"train/loss": 0.0}
+
+    def get_calls(self):
+        return self.calls
+
+    def fail(self):
+        raise RuntimeError("scripted failure")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray():
+    start_local_ray(num_cpus=2)
+    yield
+    ray.shutdown()
+
+
+def _cell(index=0):
+    return Cell(index, lambda c: [ScriptedRank.remote(c)])
+
+
+def test_cell_transitions_and_no_ops():
+    cell = _cell()
+    assert cell.state == CellState.PENDING
+    cell.start()  # Pending: no-op
+    cell.allocate()
+    assert cell.state == CellState.ALLOCATED
+    cell.start()  # Allocated: no-op
+    assert cell.state == CellState.ALLOCATED
+    with pytest.raises(AssertionError):
+        cell.allocate()
+    cell.stop()
+    cell.stop()  # idempotent
+    assert cell.state == CellState.STOPPED
+    with pytest.raises(AssertionError):
+        cell.allocate()
+    cell.start()
+    assert cell.state == CellState.PENDING and cell.actors == []
+
+
+def test_failed_call_ends_stopped_with_dead_actors():
+    cell = _cell()
+    cell.allocate()
+    with pytest.raises(Exception):
+        cell.execute("fail")
+    assert cell.state == CellState.STOPPED
+    assert cell.actors  # the handles are kept, and confirmed dead:
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(cell.actors[0].ping.remote(), timeout=10)
+
+
+def _group(tmp_path, n=3):
+    events = EventLogger(tmp_path / "events", ProcessIdentity(component="main"))
+    group = TrainGroup(n, 1, lambda c, r: ScriptedRank.remote(c), events, TrainerConfig(retry_backoff_s=0.01))
+    group.init(load_rollout_id=None)
+    return group
+
+
+def test_refresh_without_change_is_a_no_op(tmp_path):
+    group = _group(tmp_path)
+    assert group.refresh(0) is None and group.refresh(0) is None
+    assert group.quorum_id == 0
+    assert not [e for e in read_events(tmp_path / "events") if isinstance(e, CellReconfigureEvent)]
+
+
+def test_stop_stop_start_bumps_quorum_each_time_and_heals_from_lowest_alive(tmp_path):
+    group = _group(tmp_path)
+    group.stop_cell(0)
+    shrink = group.refresh(1)
+    assert (group.quorum_id, shrink.src_cell_index, shrink.alive_cell_indices_after) == (1, None, [1, 2])
+    group.stop_cell(2)
+    assert group.refresh(2).alive_cell_indices_after == [1] and group.quorum_id == 2
+    group.start_cell(0)
+    group.start_cell(2)
+    heal = group.refresh(3)
+    assert group.quorum_id == 3
+    assert (heal.src_cell_index, heal.healed_cell_indices, heal.alive_cell_indices_after) == (1, [0, 2], [0, 1, 2])
+    # the source sends to each healed cell's alive rank; each healed cell receives from the source's
+    assert ray.get(group.cells[1].actors[0].get_calls.remote())[-1] == ("reconfigure", 3, [0, 2])
+    assert ray.get(group.cells[0].actors[0].get_calls.remote()) == [("init", 3, 1)]
+    assert group.refresh(4) is None  # a repeated refresh after a reconfigure is a no-op
+
+
+def test_stop_then_start_before_refresh_is_one_heal(tmp_path):
+    group = _group(tmp_path, n=2)
+    group.stop_cell(1)
+    group.start_cell(1)
+    group.train(5)
+    events = [e for e in read_events(tmp_path / "events") if isinstance(e, CellReconfigureEvent)]
+    assert [(e.src_cell_index, e.healed_cell_indices) for e in events] == [(0, [1])]

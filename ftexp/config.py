@@ -293,6 +293,9 @@ def validate(cfg: ExperimentConfig) -> None:
     samples = cfg.trainer.rollout.rollout_batch_size * cfg.trainer.rollout.n_samples_per_prompt
     if samples % mode.num_cells:
         raise InputError(f"{samples} samples per rollout do not divide over {mode.num_cells} cells")
+    if cfg.trainer.enable_witness and cfg.trainer.witness_buffer_size < samples:
+        raise InputError(f"trainer.witness_buffer_size={cfg.trainer.witness_buffer_size} is smaller than the "
+                         f"{samples} samples of a rollout: raise it (or set trainer.enable_witness=false)")
     if not scenario.phases:
         raise InputError(f"scenario {scenario.name} has no phases")
     names = [p.name for p in scenario.phases]

@@ -18,6 +18,7 @@ from ftexp_runner import run_ftexp
     (["stage=bogus"], "stage"),
     (["seed=abc"], "seed"),
     (["phase=phase_z", "scenario=with_failure"], "unknown phase"),
+    (["trainer.witness_buffer_size=100"], "witness_buffer_size=100 is smaller"),
     (["scenario=with_failure", "scenario.phases.1.target_actions=[{at_rollout:1,action:boom}]"], "Invalid value 'boom'"),
     (["scenario=with_failure", "scenario.phases.1.target_actions=[{at_rollout:1,action:stop_cell_at_end,colour:red}]"],
      "scenario.phases.1.target_actions"),

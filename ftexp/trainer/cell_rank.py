@@ -183,6 +183,3 @@ class CellRank:
         iter_dir = save_checkpoint(self.replica, self.spec.ckpt_dir, rollout_id)
         snapshot_events(self.spec.events_dir, iter_dir)
         return str(iter_dir)
-
-    def last_rollout_id(self) -> int:
-        return self.replica.last_rollout_id

@@ -12,7 +12,7 @@ import datetime as dt
 import json
 from pathlib import Path
 
-from ftexp.audit.events import CellReconfigureEvent, read_events
+from ftexp.audit.events import CellReconfigureEvent, TrainGroupStepEndEvent, read_events
 from ftexp.config import ExperimentConfig
 from ftexp.faults.soak import INJECTIONS_FILE
 from ftexp.scenarios.checks import check_event_rules, check_target_commits
@@ -24,17 +24,29 @@ def _injections(side_dir: Path) -> list[dict]:
     return json.loads(path.read_text()) if path.is_file() else []
 
 
+def _seconds(start: dt.datetime, event) -> float | None:
+    return round((event.timestamp - start).total_seconds(), 2) if event is not None else None
+
+
 def recovery_rows(side_dir: Path) -> list[dict]:
-    """Per injection: the first later heal that brought its cell back, and how long that took."""
-    heals = sorted((e for e in read_events(side_dir / "events")
-                    if isinstance(e, CellReconfigureEvent) and e.healed_cell_indices), key=lambda e: e.timestamp)
+    """Per injection: when the group first saw its cell gone, and when a heal brought it back.
+
+    Detection is the first later event that shows the cell out of the quorum: a committed step
+    that lists it as errored, a reconfigure that leaves it out, or the heal that brings it back.
+    """
+    events = sorted(read_events(side_dir / "events"), key=lambda e: e.timestamp)
+    reconfigures = [e for e in events if isinstance(e, CellReconfigureEvent)]
+    step_ends = [e for e in events if isinstance(e, TrainGroupStepEndEvent)]
     rows = []
     for inj in _injections(side_dir):
         at = dt.datetime.fromisoformat(inj["timestamp"])
         cell = int(inj["cell"].rsplit("-", 1)[1])
-        heal = next((h for h in heals if h.timestamp > at and cell in h.healed_cell_indices), None)
-        rows.append({**inj, "healed_at_rollout": heal.rollout_id if heal else None,
-                     "recovery_s": round((heal.timestamp - at).total_seconds(), 2) if heal else None})
+        heal = next((e for e in reconfigures if e.timestamp > at and cell in e.healed_cell_indices), None)
+        out = [e for e in step_ends if e.timestamp > at and e.cell_outcomes.get(cell) == "error"]
+        out += [e for e in reconfigures if e.timestamp > at and cell not in e.alive_cell_indices_after]
+        seen = min(out + ([heal] if heal else []), key=lambda e: e.timestamp, default=None)
+        rows.append({**inj, "detection_s": _seconds(at, seen), "healed_at_rollout": heal.rollout_id if heal else None,
+                     "recovery_s": _seconds(at, heal)})
     return rows
 
 

@@ -22,6 +22,7 @@ def test_ft_random_survives_injected_faults(tmp_path):
     recoveries = checks["injections"]["details"]["recoveries"]
     assert len(recoveries) >= 2 and recoveries[0]["mode"] == "deadlock"
     assert recoveries[0]["recovery_s"] is not None, "the deadlocked cell was detected, replaced and healed"
+    assert 0 < recoveries[0]["detection_s"] <= recoveries[0]["recovery_s"]
     assert len(checks["heals"]["details"]["heals"]) >= 2
     assert checks["target_event_analyzer"]["passed"]
     # the control server's port was picked freely and recorded in the events

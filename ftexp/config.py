@@ -32,7 +32,7 @@ class Stage(enum.Enum):
 
 class Engine(enum.Enum):
     torch = "torch"        # builtin tiny GPT, one rank per cell
-    megatron = "megatron"  # megatron-core TP/PP/CP/EP cells (not built yet)
+    megatron = "megatron"  # megatron-core GPT: TP/SP/PP/CP/EP cells of tp·pp·cp ranks
 
 
 @dataclass
@@ -58,7 +58,7 @@ class ModeConfig:
     ft_components: list[str] = field(default_factory=lambda: ["train"])
     model_preset: str = "tiny_dense"  # CPU-scale stand-in for reference_model
     reference_model: str = ""         # the model the seed runs on GPUs
-    engines: list[Engine] = field(default_factory=lambda: [Engine.torch])  # engines able to run it
+    engines: list[Engine] = field(default_factory=lambda: [Engine.torch])  # able to run it; the first is the default
 
     @property
     def ranks_per_cell(self) -> int:
@@ -178,13 +178,25 @@ class NegativeControl(enum.Enum):
 
 
 @dataclass
+class MegatronConfig:
+    """Settings of the megatron engine (its model comes from the mode's ``model_preset``)."""
+
+    micro_batch_size: int = 32            # samples per microbatch of Megatron's schedule
+    # Collectives inside one cell (TP/CP/PP/EP). Generous: a cell whose rank died is killed by
+    # the driver as soon as Ray reports the death, so this only bounds start-up and true hangs.
+    cell_timeout_s: float = 300.0
+
+
+@dataclass
 class TrainerConfig:
-    engine: Engine = Engine.torch
-    model: ModelConfig = field(default_factory=ModelConfig)
+    engine: Optional[Engine] = None       # None: the mode's first engine
+    model: ModelConfig = field(default_factory=ModelConfig)  # the torch engine's model (and the rollout policy)
+    megatron: MegatronConfig = field(default_factory=MegatronConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     lr: float = 1e-3
     betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
     weight_decay: float = 0.0
+    adam_eps: float = 1e-8
     eps_clip: float = 0.2
     # Cross-cell gloo timeout. Short on CPU: a survivor may wait this long for a dead peer.
     cross_cell_timeout_s: float = 10.0
@@ -194,8 +206,15 @@ class TrainerConfig:
     threads_per_rank: int = 1             # also keeps CPU kernels bitwise reproducible
     negative_control: Optional[NegativeControl] = None
     # Witness ids prove every sample was trained exactly once (spec §11); two Embedding(B, 1) in the model.
-    enable_witness: bool = True
+    # None: on where the engine has witnesses (torch), off where it has none yet (megatron).
+    enable_witness: Optional[bool] = None
     witness_buffer_size: int = 1048576    # ids live in a ring of this size; >= samples per rollout
+
+    @property
+    def witness_on(self) -> bool:
+        if self.enable_witness is not None:
+            return self.enable_witness
+        return self.engine != Engine.megatron
 
 
 class LauncherKind(enum.Enum):
@@ -235,7 +254,7 @@ class ExperimentConfig:
     defaults: list[Any] = field(default_factory=lambda: [
         {"mode": "dp2"},
         {"scenario": "no_failure"},
-        {"trainer": "torch"},
+        {"trainer": "builtin"},
         {"launcher": "local"},
         {"tracking": "none"},
         "_self_",
@@ -278,22 +297,56 @@ def validate_timeouts(cfg: ExperimentConfig) -> None:
                          f" must be < scenario.soak.step_deadline_s={soak.step_deadline_s:g}")
 
 
+def resolve_defaults(cfg: ExperimentConfig) -> None:
+    """Fill the settings whose default depends on another group: the engine follows the mode."""
+    if cfg.trainer.engine is None:
+        cfg.trainer.engine = cfg.mode.engines[0]
+
+
+def validate_megatron_layout(mode: ModeConfig) -> None:
+    """What megatron-core would assert on deep inside every rank, said once up front."""
+    from ftexp.engines.megatron.presets import PRESETS
+
+    preset = PRESETS.get(mode.model_preset)
+    if preset is None:
+        raise InputError(f"mode {mode.name}: unknown model_preset {mode.model_preset!r} (presets: {', '.join(PRESETS)})")
+    if preset.num_attention_heads % mode.tp or preset.num_query_groups % mode.tp:
+        raise InputError(f"mode {mode.name}: tp={mode.tp} must divide the preset's {preset.num_attention_heads} heads "
+                         f"and {preset.num_query_groups} query groups")
+    if mode.ep > 1 and (not preset.num_experts or preset.num_experts % mode.ep):
+        raise InputError(f"mode {mode.name}: ep={mode.ep} must divide the preset's experts ({preset.num_experts or 0})")
+    if mode.ep > 1 and mode.ranks_per_cell % (mode.ep * mode.etp * mode.pp):
+        raise InputError(f"mode {mode.name}: ep·etp·pp = {mode.ep * mode.etp * mode.pp} must divide the "
+                         f"{mode.ranks_per_cell} ranks of a cell")
+    if preset.num_experts and mode.tp > 1 and not mode.sequence_parallel:
+        raise InputError(f"mode {mode.name}: megatron-core needs sequence_parallel=true for MoE with tp > 1")
+    if mode.pp > preset.num_layers:
+        raise InputError(f"mode {mode.name}: pp={mode.pp} exceeds the preset's {preset.num_layers} layers")
+
+
 def validate(cfg: ExperimentConfig) -> None:
     """Cross-group checks that a schema cannot express. Raises InputError (exit 2) before launch."""
     from ftexp.verify.predicate import parse_predicate
 
+    resolve_defaults(cfg)
     mode, scenario = cfg.mode, cfg.scenario
     if cfg.trainer.engine not in mode.engines:
         raise InputError(
             f"mode {mode.name} needs {mode.tp=} {mode.pp=} {mode.cp=} {mode.ep=} ({mode.ranks_per_cell} ranks per cell);"
             f" engine={cfg.trainer.engine.value} cannot run it (it runs on: {', '.join(e.value for e in mode.engines)})"
         )
+    if cfg.trainer.engine == Engine.megatron:
+        validate_megatron_layout(mode)
+        if cfg.trainer.enable_witness:  # explicitly on; unset means off for this engine
+            raise InputError("the megatron engine has no witness parameters yet: set trainer.enable_witness=false")
+        if cfg.trainer.megatron.micro_batch_size < 1:
+            raise InputError("trainer.megatron.micro_batch_size must be >= 1")
     if mode.num_cells < 1:
         raise InputError(f"mode {mode.name}: num_cells must be >= 1")
     samples = cfg.trainer.rollout.rollout_batch_size * cfg.trainer.rollout.n_samples_per_prompt
     if samples % mode.num_cells:
         raise InputError(f"{samples} samples per rollout do not divide over {mode.num_cells} cells")
-    if cfg.trainer.enable_witness and cfg.trainer.witness_buffer_size < samples:
+    if cfg.trainer.witness_on and cfg.trainer.witness_buffer_size < samples:
         raise InputError(f"trainer.witness_buffer_size={cfg.trainer.witness_buffer_size} is smaller than the "
                          f"{samples} samples of a rollout: raise it (or set trainer.enable_witness=false)")
     if not scenario.phases:

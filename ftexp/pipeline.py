@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 
 from ftexp.config import ExperimentConfig, PhaseConfig, Stage
 from ftexp.errors import InputError
+from ftexp.launch.capacity import check_capacity
 from ftexp.launch.detached import submit_run, wait_for_submission
 from ftexp.faults.soak import SoakInjection
 from ftexp.launch.jobs import JobFailed, run_side_job
@@ -52,7 +53,7 @@ def side_spec(cfg: ExperimentConfig, run_dir: Path, side: str, phase: PhaseConfi
         load_dir=load_dir, save_interval=phase.save_interval, exit_after_rollouts=phase.exit_after_rollouts,
         actions=list(phase.target_actions) if side == TARGET else [],
         control=cfg.scenario.control if side == TARGET else None,
-        soak=cfg.scenario.soak if side == TARGET else None,
+        soak=cfg.scenario.soak if side == TARGET else None, mode=cfg.mode,
     )
 
 
@@ -133,6 +134,7 @@ def run_stage(cfg: ExperimentConfig, run_dir: Path) -> int:
         if not all((run_dir / side).is_dir() for side in needed):
             raise InputError(f"{run_dir} holds no baseline/ and target/ training results")
         return 0 if verify(cfg, run_dir).passed else 1
+    check_capacity(cfg)
     prepare(cfg, run_dir)
     if stage == Stage.prepare:
         return 0

@@ -77,6 +77,15 @@ def list_dump_files(leaf_dir: str | Path) -> list[DumpFile]:
     return [DumpFile(p, parse_dump_file_name(p.name)) for p in sorted(leaf.glob("*.pt"))]
 
 
+def remove_dumps_at(leaf_dir: str | Path, coords: dict[str, int]) -> None:
+    """Delete the dumps of one set of parallel coordinates from a leaf (before a rank rewrites it)."""
+    if not Path(leaf_dir).is_dir():
+        return
+    for dump in list_dump_files(leaf_dir):
+        if all(dump.meta.get(k) == str(v) for k, v in coords.items()):
+            dump.path.unlink()
+
+
 def load_dump(path: str | Path) -> torch.Tensor:
     """Load one dump's tensor; raises ValueError on a corrupt or foreign file."""
     try:

@@ -49,7 +49,7 @@ def check_phase(cfg: ExperimentConfig, run_dir: Path, phase: PhaseConfig, expect
     checks.append(check_target_commits(targ / "events", expect.rollouts, f"{label}target_commits"))
     checks.append(check_faults(targ / "events", expect, f"{label}faults_injected"))
     checks.append(check_event_rules(targ / "events", f"{label}target_event_analyzer",
-                                    expect_witness=cfg.trainer.enable_witness))
+                                    expect_witness=cfg.trainer.witness_on))
     if expect.target_reconfigures:
         checks.append(recovery_timings(targ / "events", f"{label}recovery"))
     return checks

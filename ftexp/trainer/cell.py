@@ -55,15 +55,19 @@ class CellState(enum.Enum):
 @dataclass
 class Cell:
     index: int
-    make_actors: Callable[[int], list[Any]]  # cell index -> actor handles (one per rank in cell)
+    # (cell index, incarnation) -> actor handles, one per rank in the cell. The incarnation
+    # counts allocations, so a restarted cell's ranks rendezvous apart from their predecessors.
+    make_actors: Callable[[int, int], list[Any]]
     state: CellState = CellState.PENDING
     actors: list[Any] = field(default_factory=list)
     info: IndepDPInfo | None = None
+    incarnation: int = 0
 
     # ---- transitions ------------------------------------------------------------------------
     def allocate(self) -> None:
         self._expect(CellState.PENDING)
-        self.actors = self.make_actors(self.index)
+        self.incarnation += 1
+        self.actors = self.make_actors(self.index, self.incarnation)
         self.state = CellState.ALLOCATED
 
     def mark_alive(self, info: IndepDPInfo) -> None:
@@ -97,13 +101,17 @@ class Cell:
     def collect(self, refs: list[ray.ObjectRef]) -> list[Any]:
         """Wait for every rank's result; on any failure: Errored → kill → confirm dead → re-raise."""
         try:
-            return ray.get(refs)
+            return get_failing_fast(refs)
         except Exception:
-            if self.state in (CellState.STOPPED, CellState.PENDING):
-                raise  # the control plane already stopped (and maybe restarted) it mid-call
-            self.mark_errored()
-            self.stop_and_confirm_dead()
+            self.fail()
             raise
+
+    def fail(self) -> None:
+        """A call on this cell failed: Errored → kill every rank → confirm dead (spec §3)."""
+        if self.state in (CellState.STOPPED, CellState.PENDING):
+            return  # the control plane already stopped (and maybe restarted) it mid-call
+        self.mark_errored()
+        self.stop_and_confirm_dead()
 
     def execute(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         return self.collect(self.submit(method, *args, **kwargs))
@@ -132,3 +140,16 @@ class Cell:
     @property
     def is_alive(self) -> bool:
         return self.state == CellState.ALIVE
+
+
+def get_failing_fast(refs: list[ray.ObjectRef]) -> list[Any]:
+    """``ray.get(refs)``, but raising as soon as any call fails rather than when its turn comes.
+
+    A dead rank's peers are often blocked in a collective with it: waiting on them first would
+    only find the death after their timeout.
+    """
+    pending = list(refs)
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1)
+        ray.get(ready)
+    return ray.get(refs)

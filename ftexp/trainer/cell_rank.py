@@ -1,9 +1,13 @@
 """One rank of a cell: a Ray actor that trains, reduces across cells, and heals others.
 
-The torch engine has one rank per cell. Ranks with the same rank-within-cell across all alive
-cells form the cross-cell group: a torchft ``ProcessGroupGloo`` configured under
-``<store>/indep_dp/gloo/<quorum_id>/<rank>``. A new quorum id means a new group; a group that
-failed once is never used again (the next refresh replaces it).
+The torch engine has one rank per cell; a megatron cell has ``tp·pp·cp`` ranks that form their
+own torch.distributed gloo world (rendezvous under ``cell<i>/<incarnation>/`` on the driver's
+store, so a restarted cell never meets its predecessor's keys). Ranks with the same
+rank-within-cell across all alive cells form the cross-cell group: a torchft
+``ProcessGroupGloo`` configured under ``<store>/indep_dp/gloo/<quorum_id>/<rank>``. A new quorum
+id means a new group; a group that failed once is never used again (the next refresh replaces
+it). A step commits only if every rank of the cell reduced successfully (``cell_agrees``), and a
+healing source's rank r sends its own shard of the state to rank r of the healed cell.
 """
 
 from __future__ import annotations
@@ -11,13 +15,13 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import os
-import shutil
 import sys
 import time
 from typing import Any
 
 import ray
 import torch
+import torch.distributed as dist
 from torchft.process_group import ProcessGroupGloo
 
 from ftexp.audit.events import (EventLogger, FaultInjectedEvent, MetricEvent, ProcessIdentity,
@@ -26,7 +30,8 @@ from ftexp.audit.witness import WitnessInfo
 from ftexp.config import NegativeControl, TestActionKind
 from ftexp.trainer.cell import IndepDPInfo
 from ftexp.trainer.collectives import sum_across
-from ftexp.trainer.replica import Replica, load_checkpoint, save_checkpoint, train_step
+from ftexp.trainer.engine import build_replica, needs_process_world, ranks_per_replica
+from ftexp.trainer.replica import load_checkpoint, mark_checkpoint_complete, save_checkpoint, train_step
 from ftexp.trainer.rollout_data import load_rollout, rollout_path
 from ftexp.trainer.side import SideSpec, append_metrics, snapshot_events
 from ftexp.faults.failure_modes import inject_fault
@@ -40,7 +45,7 @@ NORMAL, DISCARDED = "normal", "discarded_should_retry"
 # training call is blocked (e.g. in a collective waiting for a dead peer).
 @ray.remote(num_cpus=0, max_restarts=0, concurrency_groups={"heartbeat": 1, "fault_injector": 1})
 class CellRank:
-    def __init__(self, spec: SideSpec, cell_index: int, rank_within_cell: int, store_addr: str):
+    def __init__(self, spec: SideSpec, cell_index: int, rank_within_cell: int, store_addr: str, incarnation: int = 0):
         logging.basicConfig(level=logging.INFO, stream=sys.stdout, force=True,
                             format=f"[%(asctime)s] cell{cell_index}/rank{rank_within_cell} %(name)s: %(message)s",
                             datefmt="%H:%M:%S")
@@ -50,10 +55,20 @@ class CellRank:
         self.store_addr = store_addr
         self.events = EventLogger(spec.events_dir, ProcessIdentity(component="actor", cell_index=cell_index,
                                                                     rank_within_cell=rank_within_cell))
-        self.replica = Replica(spec.trainer, seed=spec.seed)
+        self.ranks_per_cell = ranks_per_replica(spec)
+        if needs_process_world(spec):
+            self._join_cell_world(incarnation)
+        self.replica = build_replica(spec)
         self.info: IndepDPInfo | None = None
         self.pg: ProcessGroupGloo | None = None
         self.last_active, self.bump_count = time.time(), 0
+
+    def _join_cell_world(self, incarnation: int) -> None:
+        host, port = self.store_addr.rsplit(":", 1)
+        timeout = dt.timedelta(seconds=self.spec.trainer.megatron.cell_timeout_s)
+        store = dist.TCPStore(host, int(port), is_master=False, timeout=timeout)
+        dist.init_process_group("gloo", store=dist.PrefixStore(f"cell{self.cell_index}/{incarnation}/", store),
+                                rank=self.rank, world_size=self.ranks_per_cell, timeout=timeout)
 
     @ray.method(concurrency_group="heartbeat")
     def ping(self) -> bool:
@@ -82,14 +97,14 @@ class CellRank:
             pg = ProcessGroupGloo(timeout=dt.timedelta(seconds=self.spec.trainer.cross_cell_timeout_s))
             pg.configure(f"{self.store_addr}/indep_dp/gloo/{info.quorum_id}/{self.rank}",
                          replica_id=str(self.cell_index), rank=info.alive_rank, world_size=info.alive_size,
-                         quorum_id=info.quorum_id, group_rank=self.rank, group_world_size=1)
+                         quorum_id=info.quorum_id, group_rank=self.rank, group_world_size=self.ranks_per_cell)
             self.pg = pg
 
     def init(self, info: IndepDPInfo, load_rollout_id: int | None, recv_src_rank: int | None) -> dict[str, Any]:
         """Join quorum ``info``; start from a checkpoint, from a live cell (healing), or from scratch."""
         t0 = time.monotonic()
         if load_rollout_id is not None:
-            self.replica.load_state_dict(load_checkpoint(self.spec.load_dir, load_rollout_id))
+            self.replica.load_state_dict(load_checkpoint(self.spec.load_dir, load_rollout_id, self.replica.coords))
         self._configure_group(info)
         t1 = time.monotonic()
         received = 0
@@ -135,7 +150,7 @@ class CellRank:
             if info.alive_size > 1:
                 self._maybe_crash(rollout_id, attempt)
 
-        def reduce(flat: torch.Tensor) -> bool:
+        def reduce_across_cells(flat: torch.Tensor) -> bool:
             if self.pg is None:
                 return True
             try:
@@ -144,15 +159,17 @@ class CellRank:
             except Exception as e:  # a dead or frozen peer: this attempt is void
                 log.warning("cross-cell reduce failed at rollout %d attempt %d: %s", rollout_id, attempt, e)
                 self.pg = None  # never reuse a failed group
-                if control == NegativeControl.leak_discarded_attempt:
-                    self.replica.optimizer_step(rollout_id)  # the bug: the void attempt's local gradient lands
                 return False
+
+        def reduce(flat: torch.Tensor) -> bool:
+            ok = self.replica.cell_agrees(reduce_across_cells(flat))
+            if not ok and control == NegativeControl.leak_discarded_attempt:
+                self.replica.optimizer_step(rollout_id)  # the bug: the void attempt's local gradient lands
+            return ok
 
         def dump() -> None:
             if logs_for_group:
-                leaf = spec.dump_leaf(rollout_id)
-                shutil.rmtree(leaf, ignore_errors=True)  # a retried attempt overwrites, never merges
-                self.replica.dump(leaf, {"pp": 0, "tp": self.rank, "cp": 0, "ep": 0})
+                self.replica.dump(spec.dump_leaf(rollout_id))
 
         with self.events.context(rollout_id=rollout_id, attempt=attempt):
             ok, metrics = train_step(self.replica, rollout, rollout_id, attempt, shard_rank=info.alive_rank,
@@ -163,7 +180,7 @@ class CellRank:
             if control == NegativeControl.double_apply_retry and attempt == 0:
                 return DISCARDED, None  # the bug: stepped, yet reported void, so the retry steps again
             self.events.log(TrainEngineLocalWeightChecksumEvent(rollout_id=rollout_id, state=self.replica.checksums()))
-            if logs_for_group:
+            if logs_for_group and self.rank == 0:
                 append_metrics(spec.side_dir, rollout_id, attempt, metrics)
                 self.events.log(MetricEvent(metrics=metrics))
         return NORMAL, metrics
@@ -180,6 +197,11 @@ class CellRank:
                 os._exit(1)
 
     def save(self, rollout_id: int) -> str:
+        """Every rank writes its file; rank 0 then (after a barrier) the tracker and the event snapshot."""
         iter_dir = save_checkpoint(self.replica, self.spec.ckpt_dir, rollout_id)
-        snapshot_events(self.spec.events_dir, iter_dir)
+        if needs_process_world(self.spec):
+            dist.barrier()
+        if self.rank == 0:
+            mark_checkpoint_complete(self.spec.ckpt_dir, rollout_id)
+            snapshot_events(self.spec.events_dir, iter_dir)
         return str(iter_dir)

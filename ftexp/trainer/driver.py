@@ -23,6 +23,7 @@ from ftexp.config import TestActionKind
 from ftexp.control.train_cells import ControlPlane
 from ftexp.faults.soak import CONTROL_FILE
 from ftexp.trainer.cell_rank import CellRank
+from ftexp.trainer.engine import ranks_per_replica
 from ftexp.trainer.group import TrainGroup
 from ftexp.trainer.store import LoopbackStore
 from ftexp.trainer.side import SideSpec, append_perf, start_event_log
@@ -92,15 +93,16 @@ def run_ft_driver(spec: SideSpec) -> None:
     witness_counter = start_event_log(spec)
     events = EventLogger(spec.events_dir, ProcessIdentity(component="main"))
     witness = None
-    if spec.trainer.enable_witness:
+    if spec.trainer.witness_on:
         witness = WitnessIdAllocator(spec.trainer.witness_buffer_size)
         witness.resume(witness_counter)
     rollouts = spec.rollout_ids()
-    start_local_ray(num_cpus=max(2, spec.num_cells))
+    ranks = ranks_per_replica(spec)
+    start_local_ray(num_cpus=max(2, spec.num_cells * ranks))
     store = LoopbackStore()
     store_addr = store.address
-    group = TrainGroup(spec.num_cells, 1, lambda c, r: CellRank.remote(spec, c, r, store_addr), events, spec.trainer,
-                       witness)
+    group = TrainGroup(spec.num_cells, ranks, lambda c, r, inc: CellRank.remote(spec, c, r, store_addr, inc), events,
+                       spec.trainer, witness)
     plane = watchdog = None
     soak = spec.soak if spec.soak is not None and spec.soak.enabled else None
     try:

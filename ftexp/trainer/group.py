@@ -40,7 +40,9 @@ class TrainGroup:
         self.cfg = trainer_cfg
         self.witness_allocator = witness_allocator
         self.quorum_id = 0
-        self.cells = [Cell(i, lambda c: [make_rank(c, r) for r in range(ranks_per_cell)]) for i in range(num_cells)]
+        # make_rank(cell index, rank within cell, incarnation) -> a Ray actor handle
+        self.cells = [Cell(i, lambda c, inc: [make_rank(c, r, inc) for r in range(ranks_per_cell)])
+                      for i in range(num_cells)]
         self.health = None  # set by the control plane: paused around every reconfigure (spec §4 step 6)
         self.waiting_on: dict[int, str] = {}  # cell -> the call the loop is blocked on (for hang diagnosis)
 
@@ -97,19 +99,20 @@ class TrainGroup:
         refs = {i: self.cells[i].submit("reconfigure", info[i], dst_ranks if (i == src and pending) else [])
                 for i in alive}
         refs.update({i: self.cells[i].submit("init", info[i], None, will_alive.index(src)) for i in pending})
+        self.waiting_on = {i: f"quorum {self.quorum_id}: {'reconfigure' if i in alive else 'init (healing)'}"
+                           for i in refs}
         results: dict[int, list[dict[str, Any]]] = {}
         failed = []
-        for i, ref in refs.items():
-            self.waiting_on = {i: f"quorum {self.quorum_id}: {'reconfigure' if i in alive else 'init (healing)'}"}
-            try:
-                results[i] = self.cells[i].collect(ref)
-                if not all(r["ok"] for r in results[i]):  # alive, but its group did not form
-                    log.error("reconfigure: cell %d could not join quorum %d: %s", i, self.quorum_id,
-                              next(r["error"] for r in results[i] if not r["ok"]))
-                    failed.append(i)
-            except Exception as e:
-                log.error("reconfigure: cell %d failed: %s", i, e)
+        for i, result in self._collect_cells(refs).items():
+            if isinstance(result, Exception):
+                log.error("reconfigure: cell %d failed: %s", i, result)
                 failed.append(i)
+            elif not all(r["ok"] for r in result):  # alive, but its group did not form
+                log.error("reconfigure: cell %d could not join quorum %d: %s", i, self.quorum_id,
+                          next(r["error"] for r in result if not r["ok"]))
+                failed.append(i)
+            results[i] = result
+        self.waiting_on = {}
         if failed:
             # No event. Healed cells that did come up belong to a quorum that never formed: back to
             # Pending for the next refresh. Survivors keep their old view, so it reconfigures again.
@@ -164,19 +167,16 @@ class TrainGroup:
         self.refresh(rollout_id)
         cells = [self.cells[i] for i in self.alive_indices()]
         refs = {c.index: c.submit("train", rollout_id, attempt, witness) for c in cells}
+        self.waiting_on = {c.index: f"rollout {rollout_id} attempt {attempt}: train" for c in cells}
         outcomes: dict[int, Any] = {}
         metrics: dict[str, float] | None = None
-        for cell in cells:
-            self.waiting_on = {c.index: f"rollout {rollout_id} attempt {attempt}: train" for c in cells
-                               if c.index >= cell.index}
-            try:
-                results = cell.collect(refs[cell.index])
-            except Exception as e:
-                log.warning("rollout %d attempt %d: cell %d errored: %s", rollout_id, attempt, cell.index,
-                            type(e).__name__)
-                outcomes[cell.index] = "error"
+        for index, results in self._collect_cells(refs).items():
+            if isinstance(results, Exception):
+                log.warning("rollout %d attempt %d: cell %d errored: %s", rollout_id, attempt, index,
+                            type(results).__name__)
+                outcomes[index] = "error"
                 continue
-            outcomes[cell.index] = [outcome for outcome, _ in results]
+            outcomes[index] = [outcome for outcome, _ in results]
             metrics = metrics or next((m for _, m in results if m is not None), None)
         normal = [i for i, o in outcomes.items() if o != "error" and all(x == NORMAL for x in o)]
         discarded = [i for i, o in outcomes.items() if o != "error" and any(x == DISCARDED for x in o)]
@@ -185,6 +185,27 @@ class TrainGroup:
             raise RetryableStepError(f"outcomes {outcomes}")
         self.events.log(TrainGroupStepEndEvent(rollout_id=rollout_id, attempt=attempt, cell_outcomes=outcomes))
         return metrics or {}
+
+    def _collect_cells(self, refs: dict[int, list[ray.ObjectRef]]) -> dict[int, list[Any] | Exception]:
+        """Every cell's per-rank results, or the exception that failed it (the cell is then stopped).
+
+        Waits on all cells at once, so a cell that dies is killed at once: its peers blocked in a
+        collective with it then fail fast instead of waiting out their timeout.
+        """
+        owner = {ref: index for index, cell_refs in refs.items() for ref in cell_refs}
+        failed: dict[int, Exception] = {}
+        pending = list(owner)
+        while pending:
+            [ready], pending = ray.wait(pending, num_returns=1)
+            index = owner[ready]
+            try:
+                ray.get(ready)
+            except Exception as e:
+                failed[index] = e
+                self.cells[index].fail()
+                pending = [r for r in pending if owner[r] != index]
+        return {index: failed[index] if index in failed else ray.get(cell_refs)
+                for index, cell_refs in sorted(refs.items())}
 
     # ---- first-alive-cell actions ------------------------------------------------------------------
     def execute_first_alive(self, method: str, *args: Any) -> list[Any]:

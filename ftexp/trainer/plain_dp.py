@@ -1,9 +1,11 @@
 """The baseline: plain data parallelism in one torch.distributed gloo world.
 
-``num_cells`` processes form one world; rank i trains strided shard i of every rollout and the
-gradients are SUM-reduced over the world (a fixed-order fold in deterministic mode). Nothing
-here tolerates faults: this is the reference the fault-tolerant target must reproduce. Rank 0
-writes the dumps, metrics and checkpoints.
+``num_cells × ranks-per-replica`` processes form one world. Data-parallel replica d trains strided
+shard d of every rollout; with the torch engine (one rank per replica) the gradients are
+SUM-reduced over the world here (a fixed-order fold in deterministic mode), with megatron its DDP
+reduces them over its data-parallel groups itself. Nothing here tolerates faults: this is the
+reference the fault-tolerant target must reproduce. The ranks of replica 0 write the dumps and
+checkpoints (one file per rank), rank 0 the metrics.
 
 Witness ids: there is no driver and no retry, so every rank runs its own copy of the allocator
 from the same resumed counter (read once by the parent, after the event restore) and allocates
@@ -24,58 +26,64 @@ import torch.distributed as dist
 from ftexp.audit.events import EventLogger, MetricEvent, ProcessIdentity
 from ftexp.audit.witness import WitnessIdAllocator, allocation_event
 from ftexp.trainer.collectives import sum_across
-from ftexp.trainer.replica import Replica, load_checkpoint, save_checkpoint, train_step
+from ftexp.trainer.engine import build_replica, ranks_per_replica
+from ftexp.trainer.replica import load_checkpoint, mark_checkpoint_complete, save_checkpoint, train_step
 from ftexp.trainer.rollout_data import load_rollout, rollout_path
 from ftexp.trainer.store import LoopbackStore
 from ftexp.trainer.side import SideSpec, append_metrics, append_perf, snapshot_events, start_event_log
 
 log = logging.getLogger(__name__)
-COORDS = {"pp": 0, "tp": 0, "cp": 0, "ep": 0}
 
 
-def _rank_main(spec: SideSpec, rank: int, store_port: int, witness_counter: int) -> None:
+def _rank_main(spec: SideSpec, rank: int, world_size: int, store_port: int, witness_counter: int) -> None:
     torch.set_num_threads(spec.trainer.threads_per_rank)
     torch.use_deterministic_algorithms(spec.deterministic)
     store = dist.TCPStore("127.0.0.1", store_port, is_master=False, timeout=dt.timedelta(seconds=60))
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=spec.num_cells,
-                            timeout=dt.timedelta(seconds=120))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
+                            timeout=dt.timedelta(seconds=spec.trainer.megatron.cell_timeout_s))
     events = EventLogger(spec.events_dir, ProcessIdentity(component="dp", rank_within_cell=rank))
-    replica = Replica(spec.trainer, seed=spec.seed)
+    replica = build_replica(spec)
+    dp_rank, dp_size = replica.data_parallel if replica.dp_reduced_internally else (rank, world_size)
     if spec.load_dir is not None:
-        replica.load_state_dict(load_checkpoint(spec.load_dir, spec.start_rollout_id() - 1))
+        replica.load_state_dict(load_checkpoint(spec.load_dir, spec.start_rollout_id() - 1, replica.coords))
     allocator = None
-    if spec.trainer.enable_witness:
+    if spec.trainer.witness_on:
         allocator = WitnessIdAllocator(spec.trainer.witness_buffer_size)
         allocator.resume(witness_counter)
 
     def reduce(flat: torch.Tensor) -> bool:
-        sum_across(None, flat, world_size=spec.num_cells, deterministic=spec.deterministic, torchft=False)
+        if not replica.dp_reduced_internally:
+            sum_across(None, flat, world_size=world_size, deterministic=spec.deterministic, torchft=False)
         return True
 
     for rollout_id in spec.rollout_ids():
         rollout = load_rollout(rollout_path(spec.data_dir, rollout_id), expected_rollout_id=rollout_id)
-        dump = (lambda: replica.dump(spec.dump_leaf(rollout_id), COORDS)) if rank == 0 else (lambda: None)
+        dump = (lambda: replica.dump(spec.dump_leaf(rollout_id))) if dp_rank == 0 else (lambda: None)
         started = time.monotonic()
         witness = allocator.allocate(len(rollout["samples"])) if allocator is not None else None
         if witness is not None and rank == 0:
             events.log(allocation_event(rollout_id, 0, witness, allocator.counter))
-        _, metrics = train_step(replica, rollout, rollout_id, 0, shard_rank=rank, shard_size=spec.num_cells,
+        _, metrics = train_step(replica, rollout, rollout_id, 0, shard_rank=dp_rank, shard_size=dp_size,
                                 witness=witness, events=events, reduce=reduce, on_commit=dump)
+        if dp_rank == 0 and spec.should_save(rollout_id):
+            save_checkpoint(replica, spec.ckpt_dir, rollout_id)
+        dist.barrier()  # every rank's checkpoint file is written before rank 0 declares it complete
         if rank == 0:
             append_perf(spec.side_dir, rollout_id, time.monotonic() - started)
             append_metrics(spec.side_dir, rollout_id, 0, metrics)
             events.log(MetricEvent(rollout_id=rollout_id, attempt=0, metrics=metrics))
             log.info("baseline rollout %d committed: loss=%.6f", rollout_id, metrics["train/loss"])
             if spec.should_save(rollout_id):
-                snapshot_events(spec.events_dir, save_checkpoint(replica, spec.ckpt_dir, rollout_id))
+                mark_checkpoint_complete(spec.ckpt_dir, rollout_id)
+                snapshot_events(spec.events_dir, spec.ckpt_dir / f"iter_{rollout_id:07d}")
         dist.barrier()
     dist.destroy_process_group()
 
 
-def _rank_entry(spec: SideSpec, rank: int, store_port: int, witness_counter: int) -> None:
+def _rank_entry(spec: SideSpec, rank: int, world_size: int, store_port: int, witness_counter: int) -> None:
     logging.basicConfig(level=logging.INFO, stream=sys.stdout,
                         format=f"[%(asctime)s] dp_rank{rank} %(name)s: %(message)s", datefmt="%H:%M:%S")
-    _rank_main(spec, rank, store_port, witness_counter)
+    _rank_main(spec, rank, world_size, store_port, witness_counter)
 
 
 def run_plain_dp(spec: SideSpec) -> None:
@@ -83,8 +91,9 @@ def run_plain_dp(spec: SideSpec) -> None:
     witness_counter = start_event_log(spec)
     store = LoopbackStore()
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_rank_entry, args=(spec, r, store.port, witness_counter), name=f"dp_rank{r}")
-             for r in range(spec.num_cells)]
+    world_size = spec.num_cells * ranks_per_replica(spec)
+    procs = [ctx.Process(target=_rank_entry, args=(spec, r, world_size, store.port, witness_counter), name=f"dp_rank{r}")
+             for r in range(world_size)]
     for p in procs:
         p.start()
     # A dead rank leaves its peers blocked in a collective: stop them all as soon as one fails.

@@ -23,7 +23,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from ftexp.audit.dumps import write_dump
+from ftexp.audit.dumps import remove_dumps_at, write_dump
 from ftexp.audit.events import EventLogger, TrainAdvantageComputationEvent, WitnessSnapshotParamEvent
 from ftexp.audit.witness import IdRange, WitnessInfo
 from ftexp.trainer.grpo import TrainBatch, grpo_loss, make_train_batch, strided_shard, token_advantages
@@ -42,7 +42,15 @@ def tensor_sha256(t: torch.Tensor) -> str:
 
 
 class Replica:
-    """Model + optimizer + scheduler + RNG of one rank, with the step split into its phases."""
+    """Model + optimizer + scheduler + RNG of one rank, with the step split into its phases.
+
+    The torch engine: one rank holds the whole model, so its parallel coordinates are all 0 and
+    the caller reduces its gradients over data parallelism (``flat_grads`` → SUM → ``set_flat_grads``).
+    ``ftexp.engines.megatron.replica.MegatronReplica`` is the other engine with the same surface.
+    """
+
+    dp_reduced_internally = False
+    coords = {"pp": 0, "tp": 0, "cp": 0, "ep": 0}
 
     def __init__(self, trainer_cfg, seed: int):
         self.cfg = trainer_cfg
@@ -50,7 +58,7 @@ class Replica:
         random.seed(seed)
         np.random.seed(seed)
         self.model = build_model(trainer_cfg.model,
-                                 trainer_cfg.witness_buffer_size if trainer_cfg.enable_witness else None)
+                                 trainer_cfg.witness_buffer_size if trainer_cfg.witness_on else None)
         self.params = [p for _, p in self.model.named_parameters()]
         self.param_names = [n for n, _ in self.model.named_parameters()]
         witness_params = {id(w.weight) for w in self.model.witnesses().values()}
@@ -59,13 +67,18 @@ class Replica:
         self.policy_param_names = [n for n, _ in policy]
         # foreach=False: the single-tensor path, same kernels on every rank and every run.
         self.optimizer = torch.optim.Adam(self.params, lr=trainer_cfg.lr, betas=tuple(trainer_cfg.betas),
-                                          weight_decay=trainer_cfg.weight_decay, foreach=False)
+                                          weight_decay=trainer_cfg.weight_decay, eps=trainer_cfg.adam_eps,
+                                          foreach=False)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda=lambda _: 1.0)
         self.last_rollout_id = -1  # the last committed rollout
 
     # ---- the step -------------------------------------------------------------------------
-    def forward_backward(self, batch: TrainBatch, num_samples: int) -> torch.Tensor:
-        """Accumulate this shard's gradients; return its stats as a tensor ordered like STAT_KEYS."""
+    def forward_backward(self, batch: TrainBatch, num_samples: int, num_shards: int) -> torch.Tensor:
+        """Accumulate this shard's gradients; return its stats as a tensor ordered like STAT_KEYS.
+
+        The loss is normalised by the rollout's sample count, so shards simply SUM (``num_shards``
+        does not matter here).
+        """
         loss, stats = grpo_loss(self.model, batch, num_samples, eps_clip=self.cfg.eps_clip)
         loss.backward()
         stats = {"loss": loss.detach(), **stats}
@@ -84,6 +97,10 @@ class Replica:
             offset += n
         return flat[offset:]
 
+    def cell_agrees(self, ok: bool) -> bool:
+        """A cell of one rank agrees with itself."""
+        return ok
+
     def optimizer_step(self, rollout_id: int) -> float:
         """Clip the policy's gradients, step, advance the scheduler; return the pre-clip grad norm."""
         grad_norm = torch.nn.utils.clip_grad_norm_(self.policy_params, CLIP_GRAD, foreach=False)
@@ -91,6 +108,10 @@ class Replica:
         self.scheduler.step()
         self.last_rollout_id = rollout_id
         return float(grad_norm)
+
+    @property
+    def has_witness(self) -> bool:
+        return bool(self.model.witnesses())
 
     def witness_snapshot(self) -> dict[str, list[int]]:
         """Witness instance id -> the ids of its non-zero rows."""
@@ -116,17 +137,18 @@ class Replica:
         return out
 
     # ---- audit ----------------------------------------------------------------------------
-    def dump(self, leaf_dir: Path, coords: dict[str, int]) -> None:
+    def dump(self, leaf_dir: Path) -> None:
         """Policy weights and (reduced) grads, before the optimizer step, in sglang's dump format.
 
         Witnesses are not dumped: 16 MB a rollout at the default buffer size, never comparable
         with the baseline (a retry allocates other ids), and audited by the event analyzer instead.
         """
+        remove_dumps_at(leaf_dir, self.coords)  # a retried attempt overwrites, never merges
         index = 0
         for prefix, get in (("weight", lambda p: p), ("grad", lambda p: p.grad)):
             for name, p in zip(self.policy_param_names, self.policy_params):
                 index += 1
-                write_dump(leaf_dir, f"{prefix}__{name}", get(p), step=0, rank=0, dump_index=index, **coords)
+                write_dump(leaf_dir, f"{prefix}__{name}", get(p), step=0, rank=0, dump_index=index, **self.coords)
 
     def checksums(self) -> dict[str, Any]:
         """SHA-256 of every parameter and of the optimizer state (spec §10.2)."""
@@ -170,7 +192,7 @@ def train_step(replica: Replica, rollout: dict, rollout_id: int, attempt: int, *
     optimizer step (that is where weights and reduced grads are dumped). ``witness`` (one id per
     sample of the rollout) is required exactly when the replica's model has witnesses.
     """
-    if (witness is not None) != bool(replica.model.witnesses()):
+    if (witness is not None) != replica.has_witness:
         raise ValueError("witness ids must be given exactly when the model has witnesses (trainer.enable_witness)")
     num_samples = len(rollout["samples"])
     batch = make_train_batch(rollout, strided_shard(num_samples, shard_rank, shard_size),
@@ -180,7 +202,7 @@ def train_step(replica: Replica, rollout: dict, rollout_id: int, attempt: int, *
         events.log(TrainAdvantageComputationEvent(rollout_id=rollout_id, attempt=attempt, advantages=advantages,
                                                   witness_ids=token_witness_ids))
     replica.zero_grad()
-    stats = replica.forward_backward(batch, num_samples)
+    stats = replica.forward_backward(batch, num_samples, shard_size)
     before_reduce()
     flat = replica.flat_grads(stats)
     if not reduce(flat):
@@ -199,15 +221,25 @@ def train_step(replica: Replica, rollout: dict, rollout_id: int, attempt: int, *
     return True, metrics
 
 
-def save_checkpoint(replica: Replica, ckpt_root: Path, rollout_id: int) -> Path:
-    """``<ckpt_root>/iter_<id:07d>/state.pt`` + the ``latest_checkpointed_iteration.txt`` tracker."""
+def checkpoint_file(coords: dict[str, int]) -> str:
+    """One file per rank of a replica, named by its parallel coordinates: ``state_pp0_tp1_cp0_ep1.pt``."""
+    return "state_" + "_".join(f"{k}{coords[k]}" for k in ("pp", "tp", "cp", "ep")) + ".pt"
+
+
+def save_checkpoint(replica, ckpt_root: Path, rollout_id: int) -> Path:
+    """This rank's ``<ckpt_root>/iter_<id:07d>/state_<coords>.pt``; returns the iter dir."""
     iter_dir = ckpt_root / f"iter_{rollout_id:07d}"
     iter_dir.mkdir(parents=True, exist_ok=True)
-    tmp = iter_dir / "state.pt.tmp"
+    name = checkpoint_file(replica.coords)
+    tmp = iter_dir / f"{name}.tmp"
     torch.save(replica.state_dict(), tmp)
-    tmp.replace(iter_dir / "state.pt")
-    (ckpt_root / "latest_checkpointed_iteration.txt").write_text(f"{rollout_id}\n")
+    tmp.replace(iter_dir / name)
     return iter_dir
+
+
+def mark_checkpoint_complete(ckpt_root: Path, rollout_id: int) -> None:
+    """The ``latest_checkpointed_iteration.txt`` tracker: written once every rank's file is."""
+    (ckpt_root / "latest_checkpointed_iteration.txt").write_text(f"{rollout_id}\n")
 
 
 def latest_checkpoint(ckpt_root: Path) -> int | None:
@@ -218,5 +250,8 @@ def latest_checkpoint(ckpt_root: Path) -> int | None:
     return int(text) if text.isdigit() else None
 
 
-def load_checkpoint(ckpt_root: Path, rollout_id: int) -> dict[str, Any]:
-    return torch.load(ckpt_root / f"iter_{rollout_id:07d}" / "state.pt", map_location="cpu", weights_only=False)
+def load_checkpoint(ckpt_root: Path, rollout_id: int, coords: dict[str, int]) -> dict[str, Any]:
+    path = ckpt_root / f"iter_{rollout_id:07d}" / checkpoint_file(coords)
+    if not path.is_file():
+        raise FileNotFoundError(f"no checkpoint {path} (was it written by another parallel layout?)")
+    return torch.load(path, map_location="cpu", weights_only=False)

@@ -32,7 +32,7 @@ class SideSpec:
     phase: str                      # "" for single-phase scenarios
     side_dir: Path
     data_dir: Path                  # recorded rollouts: <data_dir>/<rollout_id>.pt
-    trainer: Any                    # ftexp.config.TrainerConfig
+    trainer: Any                    # ftexp.config.TrainerConfig (engine resolved)
     num_cells: int                  # DP size
     num_rollout: int                # exclusive end rollout id
     deterministic: bool = False
@@ -43,6 +43,7 @@ class SideSpec:
     actions: list[Any] = field(default_factory=list)  # ftexp.config.TestAction (target only)
     control: Any = None             # ftexp.config.ControlConfig (target only)
     soak: Any = None                # ftexp.config.SoakConfig (target only)
+    mode: Any = None                # ftexp.config.ModeConfig: the parallel layout of a replica
 
     @property
     def events_dir(self) -> Path:

@@ -35,34 +35,7 @@ from megatron.core.utils import get_batch_on_this_cp_rank
 
 from ftexp.engines.megatron.cp_attention import ContextParallelAttention
 from ftexp.engines.megatron.cpu_compat import apply_cpu_patches
-
-
-@dataclass(frozen=True)
-class GPTPreset:
-    num_layers: int
-    hidden_size: int
-    num_attention_heads: int
-    num_query_groups: int
-    ffn_hidden_size: int
-    vocab_size: int
-    seq_length: int
-    num_experts: int | None = None
-    moe_router_topk: int = 2
-    moe_aux_loss_coeff: float = 0.0
-
-
-PRESETS = {
-    "tiny_dense": GPTPreset(
-        num_layers=4, hidden_size=64, num_attention_heads=4, num_query_groups=2,
-        ffn_hidden_size=128, vocab_size=128, seq_length=64,
-    ),
-    # Shaped like Qwen3-30B-A3B-5layer: every layer MoE, top-2 routing, GQA, qk-layernorm.
-    "tiny_moe_5layer": GPTPreset(
-        num_layers=5, hidden_size=64, num_attention_heads=4, num_query_groups=2,
-        ffn_hidden_size=32, vocab_size=128, seq_length=64,
-        num_experts=4, moe_router_topk=2, moe_aux_loss_coeff=1e-2,
-    ),
-}
+from ftexp.engines.megatron.presets import PRESETS, GPTPreset
 
 
 @dataclass(frozen=True)
@@ -88,7 +61,9 @@ def transformer_config(preset: GPTPreset, layout: Layout) -> TransformerConfig:
             moe_ffn_hidden_size=preset.ffn_hidden_size,
             moe_router_topk=preset.moe_router_topk,
             moe_token_dispatcher_type="alltoall",
-            moe_router_load_balancing_type="aux_loss",
+            # Per-sequence balance: a sum of per-sample terms, so the gradient does not depend on
+            # how samples are grouped into microbatches or ranks (cells must match plain DP).
+            moe_router_load_balancing_type="seq_aux_loss",
             moe_aux_loss_coeff=preset.moe_aux_loss_coeff,
         )
     return TransformerConfig(
@@ -168,6 +143,8 @@ def wrap_for_training(
     adam_eps: float = 1e-8,
     clip_grad: float = 1.0,
     distributed_optimizer: bool = False,
+    betas: tuple[float, float] = (0.9, 0.999),
+    weight_decay: float = 0.0,
 ):
     """Megatron DDP (fp32 grad buffers) and its Adam optimizer; wires the schedule's grad hooks."""
     ddp_config = DistributedDataParallelConfig(
@@ -176,7 +153,8 @@ def wrap_for_training(
     ddp_model = DistributedDataParallel(config=model.config, ddp_config=ddp_config, module=model)
     optimizer = get_megatron_optimizer(
         OptimizerConfig(
-            optimizer="adam", lr=lr, adam_eps=adam_eps, weight_decay=0.0, clip_grad=clip_grad,
+            optimizer="adam", lr=lr, adam_eps=adam_eps, adam_beta1=betas[0], adam_beta2=betas[1],
+            weight_decay=weight_decay, clip_grad=clip_grad,
             params_dtype=torch.float32, use_distributed_optimizer=distributed_optimizer,
         ),
         [ddp_model],
@@ -281,7 +259,7 @@ def _unwrap(model):
     return model.module if isinstance(model, DistributedDataParallel) else model
 
 
-def _global_names(model: GPTModel) -> dict[str, str]:
+def global_names(model: GPTModel) -> dict[str, str]:
     """Local parameter name -> name in the unsplit model (global layer and expert indices)."""
     layer_offset = {str(i): layer.layer_number - 1 for i, layer in enumerate(model.decoder.layers)}
     names = {}
@@ -310,7 +288,7 @@ def _shard_info(name: str, param: torch.Tensor) -> ShardInfo:
 def local_shards(model, grads: bool = False) -> dict[str, tuple[torch.Tensor, ShardInfo]]:
     """This rank's parameters (or their reduced grads), keyed by global name, with their TP placement."""
     model = _unwrap(model)
-    names = _global_names(model)
+    names = global_names(model)
     shards = {}
     for name, param in model.named_parameters():
         tensor = param.main_grad if grads else param.data
@@ -340,7 +318,7 @@ def load_full_state(model, full_state: dict[str, torch.Tensor]) -> None:
     Call before `wrap_for_training`: a distributed optimizer copies the weights when built.
     """
     model = _unwrap(model)
-    names = _global_names(model)
+    names = global_names(model)
     with torch.no_grad():
         for name, param in model.named_parameters():
             param.copy_(shard_of(full_state[names[name]], _shard_info(name, param)))
@@ -348,6 +326,6 @@ def load_full_state(model, full_state: dict[str, torch.Tensor]) -> None:
 
 __all__ = [
     "GPTPreset", "PRESETS", "Layout", "ShardInfo", "StepResult", "transformer_config", "build_gpt",
-    "wrap_for_training", "synthetic_microbatches", "forward_backward", "train_step", "local_shards", "shard_of",
+    "wrap_for_training", "synthetic_microbatches", "global_names", "forward_backward", "train_step", "local_shards", "shard_of",
     "assemble_full", "load_full_state",
 ]

@@ -1,0 +1,271 @@
+"""One rank of a megatron-core model replica, with the same step phases as the torch engine's Replica.
+
+A replica is ``tp·pp·cp`` ranks (EP splits the experts over those ranks); Megatron's parallel
+state must already span exactly the ranks this process shares data parallelism with:
+
+* baseline (plain DP): one gloo world of ``dp × ranks-per-replica`` ranks, Megatron DP = dp;
+  its DDP reduces gradients over DP itself (``dp_reduced_internally``);
+* target (a cell): the cell's own gloo world, Megatron DP = 1; the cell rank then averages its
+  gradient buffers with the same rank of every other alive cell (``flat_grads`` → SUM across
+  cells → ``set_flat_grads``), which makes the cells one more data-parallel dimension.
+
+GRPO on Megatron (loss in ``grpo_loss_func``): every sample's loss is the mean over its response
+tokens; a rank's microbatch losses are scaled so that, after the schedule's ``÷ num_microbatches``
+and the DP average, the gradient is the mean over all samples of the rollout — for any split of the
+rollout over ranks and microbatches. Statistics are summed over shards like the torch engine's.
+MoE routers use the sequence-level aux loss, a per-sample term, so it does not depend on how
+samples are grouped into microbatches either (``model.transformer_config``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from ftexp.audit.dumps import remove_dumps_at, write_dump
+from ftexp.trainer.grpo import PAD_TOKEN, TrainBatch
+from ftexp.trainer.replica import STAT_KEYS, CLIP_GRAD, tensor_sha256
+
+def _mp():
+    from megatron.core import parallel_state
+
+    return parallel_state
+
+
+def layout_of(mode):
+    """The megatron Layout of a mode (``ftexp.config.ModeConfig``)."""
+    from ftexp.engines.megatron.model import Layout
+
+    return Layout(tp=mode.tp, pp=mode.pp, cp=mode.cp, ep=mode.ep, expert_tp=mode.etp,
+                  sequence_parallel=mode.sequence_parallel, first_stage_layers=mode.decoder_first_pipeline_num_layers,
+                  last_stage_layers=mode.decoder_last_pipeline_num_layers)
+
+
+def pad_to(length: int, multiple: int) -> int:
+    return -(-length // multiple) * multiple
+
+
+class MegatronReplica:
+    """Model shard + Megatron DDP + optimizer + RNG of one rank, split into the step's phases."""
+
+    dp_reduced_internally = True
+
+    def __init__(self, trainer_cfg, layout, preset: str, seed: int):
+        from ftexp.engines.megatron import model as mg
+
+        self.cfg, self.layout = trainer_cfg, layout
+        # The init seed is the model's (same weights in every run); the run seed drives the RNGs after.
+        module = mg.build_gpt(preset, layout, seed=trainer_cfg.model.seed)
+        torch.manual_seed(seed)
+        random.seed(seed)
+        np.random.seed(seed)
+        self.model, self.optimizer = mg.wrap_for_training(
+            module, lr=trainer_cfg.lr, adam_eps=trainer_cfg.adam_eps, clip_grad=CLIP_GRAD,
+            betas=tuple(trainer_cfg.betas), weight_decay=trainer_cfg.weight_decay)
+        self.module = module
+        self.global_names = mg.global_names(module)
+        ps = _mp()
+        self.coords = {"pp": ps.get_pipeline_model_parallel_rank(), "tp": ps.get_tensor_model_parallel_rank(),
+                       "cp": ps.get_context_parallel_rank(), "ep": ps.get_expert_model_parallel_rank()}
+        self.data_parallel = (ps.get_data_parallel_rank(), ps.get_data_parallel_world_size())
+        self.micro_batch = trainer_cfg.megatron.micro_batch_size
+        self.last_rollout_id = -1
+        self.num_shards = 1
+        self.has_witness = False
+
+    # ---- the step -------------------------------------------------------------------------
+    def forward_backward(self, batch: TrainBatch, num_samples: int, num_shards: int) -> torch.Tensor:
+        """Run Megatron's schedule on this shard; return stats (STAT_KEYS order), summed over
+        this replica's pipeline stages, CP chunks and Megatron's DP ranks."""
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        ps = _mp()
+        self.num_shards = num_shards
+        microbatches, seq_len = self._microbatches(batch)
+        n_shard = batch.tokens.shape[0]
+        loss_func = partial(grpo_loss_func, loss_scale=len(microbatches) / n_shard, stat_scale=1.0 / num_samples,
+                            eps_clip=self.cfg.eps_clip)
+        reports = get_forward_backward_func()(
+            forward_step_func=partial(_forward_step, loss_func), data_iterator=iter(microbatches),
+            model=[self.model], num_microbatches=len(microbatches), seq_length=seq_len,
+            micro_batch_size=self.micro_batch, forward_only=False)
+        stats = torch.zeros(len(STAT_KEYS))
+        if ps.is_pipeline_last_stage():
+            stats = torch.stack([r["stats"] for r in reports]).sum(dim=0)
+        for group in (ps.get_context_parallel_group(), ps.get_pipeline_model_parallel_group(),
+                      ps.get_data_parallel_group()):
+            dist.all_reduce(stats, group=group)
+        return stats
+
+    def _microbatches(self, batch: TrainBatch) -> tuple[list[dict[str, torch.Tensor]], int]:
+        """Next-token microbatches of ``micro_batch`` samples, the sequence padded for CP and SP.
+
+        The last microbatch is filled up with fully masked rows, so pipeline stages always
+        exchange tensors of one shape.
+        """
+        tokens = batch.tokens
+        rows, width = tokens.shape
+        multiple = 2 * self.layout.cp * (self.layout.tp if self.layout.sequence_parallel else 1)
+        seq_len = pad_to(width - 1, multiple)
+        count = -(-rows // self.micro_batch)
+        total = count * self.micro_batch
+
+        def padded(t: torch.Tensor, fill) -> torch.Tensor:
+            out = torch.full((total, seq_len), fill, dtype=t.dtype)
+            out[:rows, : t.shape[1]] = t
+            return out
+
+        tokens_per_sample = batch.loss_mask.sum(dim=1, keepdim=True).clamp(min=1.0)
+        fields = {
+            "tokens": padded(tokens[:, :-1], PAD_TOKEN),
+            "labels": padded(tokens[:, 1:], PAD_TOKEN),
+            "loss_mask": padded(batch.loss_mask, 0.0),
+            "sample_weight": padded(batch.loss_mask / tokens_per_sample, 0.0),  # per-token share of its sample's mean
+            "old_log_probs": padded(batch.old_log_probs, 0.0),
+            "advantages": padded(batch.advantages.unsqueeze(1).expand_as(batch.loss_mask), 0.0),
+            "position_ids": torch.arange(seq_len).expand(total, -1).contiguous(),
+        }
+        return [{k: v[i * self.micro_batch:(i + 1) * self.micro_batch] for k, v in fields.items()}
+                for i in range(count)], seq_len
+
+    def _grad_buffers(self) -> list[torch.Tensor]:
+        return [b.grad_data for b in self.model.buffers + self.model.expert_parallel_buffers]
+
+    def flat_grads(self, stats: torch.Tensor) -> torch.Tensor:
+        """[grads ÷ cross-group size..., stats]: a SUM over the group then averages grads, sums stats.
+
+        Dividing before the SUM mirrors Megatron's own DP reduce (scale, then all-reduce), so in
+        deterministic mode cells reproduce the baseline's bits.
+        """
+        scale = _mp().get_data_parallel_world_size() / self.num_shards
+        return torch.cat([g.reshape(-1) * scale for g in self._grad_buffers()] + [stats])
+
+    def set_flat_grads(self, flat: torch.Tensor) -> torch.Tensor:
+        offset = 0
+        for g in self._grad_buffers():
+            g.copy_(flat[offset: offset + g.numel()].view_as(g))
+            offset += g.numel()
+        return flat[offset:]
+
+    def cell_agrees(self, ok: bool) -> bool:
+        """AND over the replica's ranks: its shards step together or not at all."""
+        flag = torch.tensor([1 if ok else 0], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        return bool(flag.item())
+
+    def optimizer_step(self, rollout_id: int) -> float:
+        succeeded, grad_norm, _ = self.optimizer.step()
+        if not succeeded:
+            raise RuntimeError("Megatron optimizer step was skipped")
+        self.last_rollout_id = rollout_id
+        return float(grad_norm)
+
+    def zero_grad(self) -> None:
+        self.model.zero_grad_buffer()
+        self.optimizer.zero_grad()
+
+    def metrics(self, stats: torch.Tensor, grad_norm: float, rollout: dict) -> dict[str, float]:
+        rewards = [s["reward"] for s in rollout["samples"]]
+        out = {f"train/{k}": float(v) for k, v in zip(STAT_KEYS, stats)}
+        out["train/grad_norm"] = grad_norm
+        out["train/lr"] = self.optimizer.param_groups[0]["lr"]
+        out["rollout/reward_mean"] = float(np.mean(rewards))
+        return out
+
+    # ---- audit ----------------------------------------------------------------------------
+    def dump(self, leaf_dir: Path) -> None:
+        """This rank's weights and reduced grads (global names), keyed by its (pp, tp, cp, ep)."""
+        remove_dumps_at(leaf_dir, self.coords)  # a retried attempt overwrites this rank's files, never merges
+        index = 0
+        for prefix, get in (("weight", lambda p: p.data), ("grad", lambda p: p.main_grad)):
+            for name, p in self.module.named_parameters():
+                index += 1
+                write_dump(leaf_dir, f"{prefix}__{self.global_names[name]}", get(p), step=0,
+                           rank=dist.get_rank(), dump_index=index, **self.coords)
+
+    def checksums(self) -> dict[str, Any]:
+        hashes = {}
+        _hash_tree(self.optimizer.state_dict(), "optimizer", hashes)
+        return {
+            "param_hashes": {f"pp{self.coords['pp']}.{self.global_names[n]}": tensor_sha256(p)
+                             for n, p in self.module.named_parameters()},
+            "optimizer_hashes": hashes,
+        }
+
+    # ---- state for checkpoints and healing ---------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "model": {n: p.data for n, p in self.module.named_parameters()},
+            "optimizer": self.optimizer.state_dict(),
+            "rng": {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()},
+            "last_rollout_id": self.last_rollout_id,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        params = dict(self.module.named_parameters())
+        if set(params) != set(state["model"]):
+            raise ValueError(f"state for another layout: parameters differ, e.g. {sorted(set(params) ^ set(state['model']))[:3]}")
+        with torch.no_grad():
+            for name, value in state["model"].items():
+                params[name].copy_(value)
+        self.optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["rng"]["torch"])
+        random.setstate(state["rng"]["python"])
+        np.random.set_state(state["rng"]["numpy"])
+        self.last_rollout_id = int(state["last_rollout_id"])
+
+
+def _hash_tree(obj: Any, prefix: str, out: dict[str, Any]) -> None:
+    if isinstance(obj, dict):
+        for k in sorted(obj, key=str):
+            _hash_tree(obj[k], f"{prefix}.{k}", out)
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            _hash_tree(v, f"{prefix}[{i}]", out)
+    elif torch.is_tensor(obj):
+        out[prefix] = tensor_sha256(obj)
+    elif isinstance(obj, (int, float, str, bool)) or obj is None:
+        out[prefix] = obj
+    else:
+        out[prefix] = hashlib.sha256(repr(obj).encode()).hexdigest()
+
+
+def _forward_step(loss_func, data_iterator, model):
+    from megatron.core.utils import get_batch_on_this_cp_rank
+
+    batch = get_batch_on_this_cp_rank({k: v.clone() for k, v in next(data_iterator).items()})
+    output = model(input_ids=batch["tokens"], position_ids=batch["position_ids"], attention_mask=None)
+    return output, partial(loss_func, batch)
+
+
+def grpo_loss_func(batch: dict[str, torch.Tensor], logits: torch.Tensor, *, loss_scale: float, stat_scale: float,
+                   eps_clip: float):
+    """PPO-clip loss of one microbatch on this rank's CP chunk; logits [b, s, vocab / tp].
+
+    ``sample_weight`` is each response token's share of its sample's mean, so summing over the
+    chunk's tokens gives this chunk's part of each sample's mean (CP chunks add up to the whole).
+    """
+    from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
+
+    log_softmax = F.log_softmax(gather_from_tensor_model_parallel_region(logits).float(), dim=-1)
+    log_probs = log_softmax.gather(-1, batch["labels"].unsqueeze(-1)).squeeze(-1)
+    mask, weight, advantages, old = batch["loss_mask"], batch["sample_weight"], batch["advantages"], batch["old_log_probs"]
+    ratio = torch.exp((log_probs - old) * mask)
+    unclipped = -ratio * advantages
+    clipped = -ratio.clamp(1.0 - eps_clip, 1.0 + eps_clip) * advantages
+    pg_per_token = torch.maximum(unclipped, clipped)
+    loss = (pg_per_token * weight).sum() * loss_scale
+    with torch.no_grad():
+        entropy = -(log_softmax.exp() * log_softmax).sum(dim=-1)
+        pg = (pg_per_token * weight).sum()
+        stats = torch.stack([pg, pg, ((clipped > unclipped).float() * weight).sum(),
+                             ((old - log_probs) * weight).sum(), (entropy * weight).sum()]) * stat_scale
+    return loss, {"stats": stats}

@@ -24,7 +24,8 @@ def build_replica(spec):
     if spec.trainer.engine == Engine.megatron:
         from ftexp.engines.megatron.replica import MegatronReplica, layout_of
 
-        return MegatronReplica(spec.trainer, layout_of(spec.mode), spec.mode.model_preset, seed=spec.seed)
+        return MegatronReplica(spec.trainer, layout_of(spec.mode), spec.mode.model_preset, seed=spec.seed,
+                               deterministic=spec.deterministic)
     from ftexp.trainer.replica import Replica
 
     return Replica(spec.trainer, seed=spec.seed)

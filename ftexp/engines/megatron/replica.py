@@ -31,6 +31,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ftexp.audit.dumps import remove_dumps_at, write_dump
+from ftexp.trainer.collectives import sum_across
 from ftexp.trainer.grpo import PAD_TOKEN, TrainBatch
 from ftexp.trainer.replica import STAT_KEYS, CLIP_GRAD, tensor_sha256
 
@@ -58,10 +59,14 @@ class MegatronReplica:
 
     dp_reduced_internally = True
 
-    def __init__(self, trainer_cfg, layout, preset: str, seed: int):
+    def __init__(self, trainer_cfg, layout, preset: str, seed: int, deterministic: bool = False):
         from ftexp.engines.megatron import model as mg
 
-        self.cfg, self.layout = trainer_cfg, layout
+        self.cfg, self.layout, self.deterministic = trainer_cfg, layout, deterministic
+        if deterministic:
+            from ftexp.engines.megatron.deterministic import use_fixed_order_grad_reduce
+
+            use_fixed_order_grad_reduce()
         # The init seed is the model's (same weights in every run); the run seed drives the RNGs after.
         module = mg.build_gpt(preset, layout, seed=trainer_cfg.model.seed)
         torch.manual_seed(seed)
@@ -102,7 +107,8 @@ class MegatronReplica:
             stats = torch.stack([r["stats"] for r in reports]).sum(dim=0)
         for group in (ps.get_context_parallel_group(), ps.get_pipeline_model_parallel_group(),
                       ps.get_data_parallel_group()):
-            dist.all_reduce(stats, group=group)
+            sum_across(group, stats, world_size=dist.get_world_size(group), deterministic=self.deterministic,
+                       torchft=False)
         return stats
 
     def _microbatches(self, batch: TrainBatch) -> tuple[list[dict[str, torch.Tensor]], int]:

@@ -39,6 +39,11 @@ class ScriptedRank:
     def fail(self):
         raise RuntimeError("scripted failure")
 
+    def block(self):
+        import time
+
+        time.sleep(600)  # a rank stuck in a collective with a dead peer
+
 
 @pytest.fixture(scope="module", autouse=True)
 def local_ray():
@@ -47,8 +52,8 @@ def local_ray():
     ray.shutdown()
 
 
-def _cell(index=0):
-    return Cell(index, lambda c: [ScriptedRank.remote(c)])
+def _cell(index=0, ranks=1):
+    return Cell(index, lambda c, incarnation: [ScriptedRank.remote(c) for _ in range(ranks)])
 
 
 def test_cell_transitions_and_no_ops():
@@ -81,9 +86,34 @@ def test_failed_call_ends_stopped_with_dead_actors():
         ray.get(cell.actors[0].ping.remote(), timeout=10)
 
 
+def test_incarnation_counts_allocations():
+    seen = []
+    cell = Cell(0, lambda c, incarnation: seen.append(incarnation) or [ScriptedRank.remote(c)])
+    cell.allocate()
+    cell.stop()
+    cell.start()
+    cell.allocate()
+    assert seen == [1, 2]  # a restarted cell's ranks rendezvous under a new prefix
+    cell.stop()
+
+
+def test_a_failing_rank_fails_its_cell_without_waiting_for_blocked_peers():
+    """Rank 1 fails while rank 0 blocks (as in a collective with it): the cell is stopped at once."""
+    import time
+
+    cell = _cell(ranks=2)
+    cell.allocate()
+    started = time.monotonic()
+    with pytest.raises(ray.exceptions.RayTaskError):
+        cell.collect([cell.actors[0].block.remote(), cell.actors[1].fail.remote()])
+    assert time.monotonic() - started < 60
+    assert cell.state == CellState.STOPPED
+
+
 def _group(tmp_path, n=3):
     events = EventLogger(tmp_path / "events", ProcessIdentity(component="main"))
-    group = TrainGroup(n, 1, lambda c, r: ScriptedRank.remote(c), events, TrainerConfig(retry_backoff_s=0.01))
+    group = TrainGroup(n, 1, lambda c, r, incarnation: ScriptedRank.remote(c), events,
+                       TrainerConfig(retry_backoff_s=0.01))
     group.init(load_rollout_id=None)
     return group
 

@@ -179,7 +179,7 @@ def test_witness_travels_in_state_and_checksums_but_not_in_dumps(tmp_path, rollo
     healed = Replica(config(), seed=2)
     healed.load_state_dict(state)
     assert healed.checksums() == replica.checksums()
-    replica.dump(tmp_path / "dump", {"pp": 0, "tp": 0, "cp": 0, "ep": 0})
+    replica.dump(tmp_path / "dump")
     names = [p.name for p in (tmp_path / "dump").iterdir()]
     assert names and not [n for n in names if "witness" in n]
 

@@ -1,7 +1,8 @@
 """``python -m ftexp``: the Hydra entry point.
 
 Exit codes: 0 = the scenario's assertions held, 1 = an assertion failed (report.md says which),
-2 = bad configuration or input (one line on stderr, nothing launched).
+2 = bad configuration or input (one line on stderr, nothing launched). A ``-m`` sweep exits 1 when
+any of its points failed (sweep_summary.md says which).
 
 Hydra reports composition errors (typo'd key, unknown mode) as multi-line text with exit code 1,
 so the overrides are composed once up front with Hydra's compose API: any error there becomes one
@@ -112,6 +113,11 @@ def main() -> None:
     if not hydra_flags:  # plain overrides: check them before Hydra sets anything up
         _precompose([a for a in args if not a.startswith("hydra")])
     _hydra_main()
+    from ftexp.tracking.sweep import SweepSummaryCallback
+
+    summary = SweepSummaryCallback.last_summary
+    if summary is not None and summary["passed"] < summary["total"]:
+        sys.exit(EXIT_FAILED)
 
 
 if __name__ == "__main__":

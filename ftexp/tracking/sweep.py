@@ -88,7 +88,11 @@ def write_summary(sweep_dir: Path, num_jobs: int) -> dict[str, Any]:
 
 
 class SweepSummaryCallback(Callback):
+    # The summary of the multirun that just ended, for the exit code (1 if any point failed).
+    last_summary: dict[str, Any] | None = None
+
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
         # Sweep points live in numbered subdirs (hydra.sweep.subdir = job number).
-        write_summary(sweep_dir, len([p for p in sweep_dir.iterdir() if p.name.isdigit()]))
+        SweepSummaryCallback.last_summary = write_summary(
+            sweep_dir, len([p for p in sweep_dir.iterdir() if p.name.isdigit()]))

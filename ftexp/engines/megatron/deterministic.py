@@ -62,7 +62,7 @@ def _no_coalescing(*args, **kwargs):
 
 
 def use_fixed_order_grad_reduce() -> None:
-    """Make every DDP bucket reduce a fixed-order fold; idempotent. Call before building models."""
+    """Make every DDP bucket reduce a fixed-order fold; idempotent. Call after the CPU patches."""
     from megatron.core.distributed import param_and_grad_buffer as buffers
 
     if isinstance(buffers.torch, _Torch):

@@ -63,12 +63,12 @@ class MegatronReplica:
         from ftexp.engines.megatron import model as mg
 
         self.cfg, self.layout, self.deterministic = trainer_cfg, layout, deterministic
-        if deterministic:
+        # The init seed is the model's (same weights in every run); the run seed drives the RNGs after.
+        module = mg.build_gpt(preset, layout, seed=trainer_cfg.model.seed)
+        if deterministic:  # after build_gpt: its CPU patches rebind the same module globals
             from ftexp.engines.megatron.deterministic import use_fixed_order_grad_reduce
 
             use_fixed_order_grad_reduce()
-        # The init seed is the model's (same weights in every run); the run seed drives the RNGs after.
-        module = mg.build_gpt(preset, layout, seed=trainer_cfg.model.seed)
         torch.manual_seed(seed)
         random.seed(seed)
         np.random.seed(seed)

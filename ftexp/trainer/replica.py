@@ -167,7 +167,7 @@ class Replica:
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
-            "rng": {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()},
+            "rng": rng_state(),
             "last_rollout_id": self.last_rollout_id,
         }
 
@@ -175,10 +175,19 @@ class Replica:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
-        torch.set_rng_state(state["rng"]["torch"])
-        random.setstate(state["rng"]["python"])
-        np.random.set_state(state["rng"]["numpy"])
+        set_rng_state(state["rng"])
         self.last_rollout_id = int(state["last_rollout_id"])
+
+
+def rng_state() -> dict[str, Any]:
+    """Every RNG a rank draws from; healed and checkpointed with the model."""
+    return {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
 
 
 def train_step(replica: Replica, rollout: dict, rollout_id: int, attempt: int, *, shard_rank: int, shard_size: int,

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from ftexp.audit.dumps import remove_dumps_at, write_dump
 from ftexp.trainer.collectives import sum_across
 from ftexp.trainer.grpo import PAD_TOKEN, TrainBatch
-from ftexp.trainer.replica import STAT_KEYS, CLIP_GRAD, tensor_sha256
+from ftexp.trainer.replica import CLIP_GRAD, STAT_KEYS, rng_state, set_rng_state, tensor_sha256
 
 def _mp():
     from megatron.core import parallel_state
@@ -211,7 +211,7 @@ class MegatronReplica:
         return {
             "model": {n: p.data for n, p in self.module.named_parameters()},
             "optimizer": self.optimizer.state_dict(),
-            "rng": {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()},
+            "rng": rng_state(),
             "last_rollout_id": self.last_rollout_id,
         }
 
@@ -223,9 +223,7 @@ class MegatronReplica:
             for name, value in state["model"].items():
                 params[name].copy_(value)
         self.optimizer.load_state_dict(state["optimizer"])
-        torch.set_rng_state(state["rng"]["torch"])
-        random.setstate(state["rng"]["python"])
-        np.random.set_state(state["rng"]["numpy"])
+        set_rng_state(state["rng"])
         self.last_rollout_id = int(state["last_rollout_id"])
 
 

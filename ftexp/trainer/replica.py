@@ -84,6 +84,17 @@ class Replica:
         stats = {"loss": loss.detach(), **stats}
         return torch.stack([stats[k].to(torch.float32) for k in STAT_KEYS])
 
+    def forward_backward_reduce(self, batch: TrainBatch, num_samples: int, num_shards: int,
+                                before_reduce: Callable[[], None],
+                                reduce: Callable[[torch.Tensor], bool]) -> torch.Tensor | None:
+        """Forward/backward, then ``reduce`` [grads, stats] across replicas; the reduced stats, or None if it failed."""
+        stats = self.forward_backward(batch, num_samples, num_shards)
+        before_reduce()
+        flat = self.flat_grads(stats)
+        if not reduce(flat):
+            return None
+        return self.set_flat_grads(flat)
+
     def flat_grads(self, extra: torch.Tensor) -> torch.Tensor:
         """One contiguous buffer [all grads..., extra] so one collective reduces everything."""
         return torch.cat([p.grad.reshape(-1) for p in self.params] + [extra])
@@ -211,13 +222,10 @@ def train_step(replica: Replica, rollout: dict, rollout_id: int, attempt: int, *
         events.log(TrainAdvantageComputationEvent(rollout_id=rollout_id, attempt=attempt, advantages=advantages,
                                                   witness_ids=token_witness_ids))
     replica.zero_grad()
-    stats = replica.forward_backward(batch, num_samples, shard_size)
-    before_reduce()
-    flat = replica.flat_grads(stats)
-    if not reduce(flat):
+    stats = replica.forward_backward_reduce(batch, num_samples, shard_size, before_reduce, reduce)
+    if stats is None:
         replica.zero_grad()
         return False, None
-    stats = replica.set_flat_grads(flat)
     on_commit()
     grad_norm = replica.optimizer_step(rollout_id)
     metrics = replica.metrics(stats, grad_norm, rollout)

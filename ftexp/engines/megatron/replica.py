@@ -6,8 +6,8 @@ state must already span exactly the ranks this process shares data parallelism w
 * baseline (plain DP): one gloo world of ``dp × ranks-per-replica`` ranks, Megatron DP = dp;
   its DDP reduces gradients over DP itself (``dp_reduced_internally``);
 * target (a cell): the cell's own gloo world, Megatron DP = 1; the cell rank then averages its
-  gradient buffers with the same rank of every other alive cell (``flat_grads`` → SUM across
-  cells → ``set_flat_grads``), which makes the cells one more data-parallel dimension.
+  gradient buffers with the same rank of every other alive cell, inside Megatron's grad sync
+  (``forward_backward_reduce``), which makes the cells one more data-parallel dimension.
 
 GRPO on Megatron (loss in ``grpo_loss_func``): every sample's loss is the mean over its response
 tokens; a rank's microbatch losses are scaled so that, after the schedule's ``÷ num_microbatches``
@@ -23,7 +23,7 @@ import hashlib
 import random
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -83,33 +83,64 @@ class MegatronReplica:
         self.data_parallel = (ps.get_data_parallel_rank(), ps.get_data_parallel_world_size())
         self.micro_batch = trainer_cfg.megatron.micro_batch_size
         self.last_rollout_id = -1
-        self.num_shards = 1
         self.has_witness = False
+        self._after_grad_sync: Callable[[], None] | None = None
+        self.model.finish_grad_sync = partial(self._finish_grad_sync, self.model.finish_grad_sync)
 
     # ---- the step -------------------------------------------------------------------------
-    def forward_backward(self, batch: TrainBatch, num_samples: int, num_shards: int) -> torch.Tensor:
-        """Run Megatron's schedule on this shard; return stats (STAT_KEYS order), summed over
-        this replica's pipeline stages, CP chunks and Megatron's DP ranks."""
+    def forward_backward_reduce(self, batch: TrainBatch, num_samples: int, num_shards: int,
+                                before_reduce: Callable[[], None],
+                                reduce: Callable[[torch.Tensor], bool]) -> torch.Tensor | None:
+        """Megatron's schedule on this shard, with the reduce across replicas run inside it.
+
+        ``reduce`` SUMs [grads ÷ cross-replica size, stats] over the caller's group (the other
+        cells' same rank; nothing in the baseline, whose DDP already reduced over DP). It runs
+        where Megatron's own DP reduce ends (DDP's ``finish_grad_sync``) and before the rest of
+        ``finalize_model_grads`` all-reduces the sequence-parallel norm and router grads over TP,
+        so a cell adds in the same order as the baseline's larger DP group: bit for bit in
+        deterministic mode, where the 1/size scalings (powers of two) are exact. Returns the
+        rollout's stats (STAT_KEYS order), or None if the reduce failed.
+        """
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        ps = _mp()
-        self.num_shards = num_shards
         microbatches, seq_len = self._microbatches(batch)
-        n_shard = batch.tokens.shape[0]
-        loss_func = partial(grpo_loss_func, loss_scale=len(microbatches) / n_shard, stat_scale=1.0 / num_samples,
-                            eps_clip=self.cfg.eps_clip)
-        reports = get_forward_backward_func()(
-            forward_step_func=partial(_forward_step, loss_func), data_iterator=iter(microbatches),
-            model=[self.model], num_microbatches=len(microbatches), seq_length=seq_len,
-            micro_batch_size=self.micro_batch, forward_only=False)
-        stats = torch.zeros(len(STAT_KEYS))
-        if ps.is_pipeline_last_stage():
-            stats = torch.stack([r["stats"] for r in reports]).sum(dim=0)
-        for group in (ps.get_context_parallel_group(), ps.get_pipeline_model_parallel_group(),
-                      ps.get_data_parallel_group()):
-            sum_across(group, stats, world_size=dist.get_world_size(group), deterministic=self.deterministic,
-                       torchft=False)
-        return stats
+        self._stats = torch.zeros(len(STAT_KEYS))
+        loss_func = partial(grpo_loss_func, loss_scale=len(microbatches) / batch.tokens.shape[0],
+                            stat_scale=1.0 / num_samples, eps_clip=self.cfg.eps_clip, on_stats=self._stats.add_)
+        outcome: dict[str, Any] = {}
+
+        def reduce_across_replicas() -> None:
+            ps = _mp()
+            stats = self._stats  # this rank's share: sum it over the replica's CP chunks, stages and DP ranks
+            for group in (ps.get_context_parallel_group(), ps.get_pipeline_model_parallel_group(),
+                          ps.get_data_parallel_group()):
+                sum_across(group, stats, world_size=dist.get_world_size(group), deterministic=self.deterministic,
+                           torchft=False)
+            before_reduce()
+            scale = ps.get_data_parallel_world_size() / num_shards  # 1 in the baseline, 1/alive in a cell
+            buffers = self._grad_buffers()
+            flat = torch.cat([g.reshape(-1) * scale for g in buffers] + [stats])
+            outcome["ok"] = reduce(flat)
+            offset = 0
+            for g in buffers:
+                g.copy_(flat[offset: offset + g.numel()].view_as(g))
+                offset += g.numel()
+            outcome["stats"] = flat[offset:]
+
+        self._after_grad_sync = reduce_across_replicas
+        try:
+            get_forward_backward_func()(
+                forward_step_func=partial(_forward_step, loss_func), data_iterator=iter(microbatches),
+                model=[self.model], num_microbatches=len(microbatches), seq_length=seq_len,
+                micro_batch_size=self.micro_batch, forward_only=False)
+        finally:
+            self._after_grad_sync = None
+        return outcome["stats"] if outcome["ok"] else None
+
+    def _finish_grad_sync(self, sync_within_replica, *args, **kwargs) -> None:
+        sync_within_replica(*args, **kwargs)
+        if self._after_grad_sync is not None:
+            self._after_grad_sync()
 
     def _microbatches(self, batch: TrainBatch) -> tuple[list[dict[str, torch.Tensor]], int]:
         """Next-token microbatches of ``micro_batch`` samples, the sequence padded for CP and SP.
@@ -144,22 +175,6 @@ class MegatronReplica:
 
     def _grad_buffers(self) -> list[torch.Tensor]:
         return [b.grad_data for b in self.model.buffers + self.model.expert_parallel_buffers]
-
-    def flat_grads(self, stats: torch.Tensor) -> torch.Tensor:
-        """[grads ÷ cross-group size..., stats]: a SUM over the group then averages grads, sums stats.
-
-        Dividing before the SUM mirrors Megatron's own DP reduce (scale, then all-reduce), so in
-        deterministic mode cells reproduce the baseline's bits.
-        """
-        scale = _mp().get_data_parallel_world_size() / self.num_shards
-        return torch.cat([g.reshape(-1) * scale for g in self._grad_buffers()] + [stats])
-
-    def set_flat_grads(self, flat: torch.Tensor) -> torch.Tensor:
-        offset = 0
-        for g in self._grad_buffers():
-            g.copy_(flat[offset: offset + g.numel()].view_as(g))
-            offset += g.numel()
-        return flat[offset:]
 
     def cell_agrees(self, ok: bool) -> bool:
         """AND over the replica's ranks: its shards step together or not at all."""
@@ -251,11 +266,12 @@ def _forward_step(loss_func, data_iterator, model):
 
 
 def grpo_loss_func(batch: dict[str, torch.Tensor], logits: torch.Tensor, *, loss_scale: float, stat_scale: float,
-                   eps_clip: float):
+                   eps_clip: float, on_stats: Callable[[torch.Tensor], Any]):
     """PPO-clip loss of one microbatch on this rank's CP chunk; logits [b, s, vocab / tp].
 
     ``sample_weight`` is each response token's share of its sample's mean, so summing over the
     chunk's tokens gives this chunk's part of each sample's mean (CP chunks add up to the whole).
+    The stats go to ``on_stats`` as they come, so they are complete before the grads are reduced.
     """
     from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
 
@@ -272,4 +288,5 @@ def grpo_loss_func(batch: dict[str, torch.Tensor], logits: torch.Tensor, *, loss
         pg = (pg_per_token * weight).sum()
         stats = torch.stack([pg, pg, ((clipped > unclipped).float() * weight).sum(),
                              ((old - log_probs) * weight).sum(), (entropy * weight).sum()]) * stat_scale
-    return loss, {"stats": stats}
+    on_stats(stats)
+    return loss, {}

@@ -34,10 +34,13 @@ def _worker(rank, out_path, port):
     replica = MegatronReplica(cfg, layout_of(mode), mode.model_preset, seed=1)
 
     def grads(indices, num_shards, micro_batch):
+        """[grads, stats] as this shard hands them to the reduce across cells."""
         replica.micro_batch = micro_batch
         replica.zero_grad()
-        stats = replica.forward_backward(make_train_batch(rollout, indices), SAMPLES, num_shards)
-        return replica.flat_grads(stats).clone()
+        handed = []
+        replica.forward_backward_reduce(make_train_batch(rollout, indices), SAMPLES, num_shards, lambda: None,
+                                        lambda flat: handed.append(flat.clone()) or True)
+        return handed[0]
 
     everything = list(range(SAMPLES))
     out = {

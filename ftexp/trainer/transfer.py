@@ -8,7 +8,8 @@ send shared bytes once per view (spec §4.1: ~110x amplification on a real model
 
 Wire protocol over a point-to-point pair of a torchft/gloo group:
 ``header int64[2] = (len(meta), n_storages)`` → ``meta`` (pickled hollow state + view metadata,
-as uint8) → each storage as a uint8 tensor.
+as uint8) → ``sizes int64[n_storages]`` → every storage, concatenated into one uint8 tensor. One
+message for all storages: a model has hundreds of small ones, and each gloo send costs a round trip.
 """
 
 from __future__ import annotations
@@ -90,9 +91,8 @@ def send_state(pg, state: Any, dst_rank: int) -> int:
     pg.send([meta_t], dst_rank, _TAG).wait()
     sizes = torch.tensor([s.numel() for s in storages], dtype=torch.int64)
     pg.send([sizes], dst_rank, _TAG).wait()
-    for s in storages:
-        if s.numel():
-            pg.send([s], dst_rank, _TAG).wait()
+    if int(sizes.sum()):
+        pg.send([torch.cat(storages)], dst_rank, _TAG).wait()
     return len(meta) + int(sizes.sum())
 
 
@@ -105,10 +105,9 @@ def recv_state(pg, src_rank: int) -> tuple[Any, int]:
     pg.recv([meta_t], src_rank, _TAG).wait()
     sizes = torch.zeros(n_storages, dtype=torch.int64)
     pg.recv([sizes], src_rank, _TAG).wait()
-    storages = []
-    for n in sizes.tolist():
-        s = torch.empty(n, dtype=torch.uint8)
-        if n:
-            pg.recv([s], src_rank, _TAG).wait()
-        storages.append(s)
-    return decode(meta_t.numpy().tobytes(), storages), meta_len + int(sizes.sum())
+    payload = torch.empty(int(sizes.sum()), dtype=torch.uint8)
+    if payload.numel():
+        pg.recv([payload], src_rank, _TAG).wait()
+    # Each storage gets its own memory (a clone), so no decoded tensor aliases another's bytes.
+    storages = [part.clone() for part in payload.split(sizes.tolist())]
+    return decode(meta_t.numpy().tobytes(), storages), meta_len + payload.numel()

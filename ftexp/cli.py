@@ -113,10 +113,9 @@ def main() -> None:
     if not hydra_flags:  # plain overrides: check them before Hydra sets anything up
         _precompose([a for a in args if not a.startswith("hydra")])
     _hydra_main()
-    from ftexp.tracking.sweep import SweepSummaryCallback
+    from ftexp.tracking.sweep import sweep_exit_code
 
-    summary = SweepSummaryCallback.last_summary
-    if summary is not None and summary["passed"] < summary["total"]:
+    if sweep_exit_code():
         sys.exit(EXIT_FAILED)
 
 

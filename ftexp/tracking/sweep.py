@@ -96,3 +96,11 @@ class SweepSummaryCallback(Callback):
         # Sweep points live in numbered subdirs (hydra.sweep.subdir = job number).
         SweepSummaryCallback.last_summary = write_summary(
             sweep_dir, len([p for p in sweep_dir.iterdir() if p.name.isdigit()]))
+
+
+def sweep_exit_code() -> int | None:
+    """For the multirun that just ended: 1 if any point failed, 0 if all passed; None without one."""
+    summary = SweepSummaryCallback.last_summary
+    if summary is None:
+        return None
+    return 0 if summary["passed"] == summary["total"] else 1

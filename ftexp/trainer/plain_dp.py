@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from ftexp.audit.events import EventLogger, MetricEvent, ProcessIdentity
 from ftexp.audit.witness import WitnessIdAllocator, allocation_event
+from ftexp.config import Engine
 from ftexp.trainer.collectives import sum_across
 from ftexp.trainer.engine import build_replica, ranks_per_replica
 from ftexp.trainer.replica import load_checkpoint, mark_checkpoint_complete, save_checkpoint, train_step
@@ -90,7 +91,13 @@ def run_plain_dp(spec: SideSpec) -> None:
     """Run the baseline side to completion; raise if any rank fails."""
     witness_counter = start_event_log(spec)
     store = LoopbackStore()
-    ctx = mp.get_context("spawn")
+    # Ranks fork from a server that imported the trainer (and megatron-core) once: 8 fresh
+    # imports of megatron cost ~50 CPU-seconds on 2 cores. The server forks before any rank
+    # creates threads or process groups, so each rank still starts clean.
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["ftexp.trainer.plain_dp"]
+                               + (["ftexp.engines.megatron.replica", "ftexp.engines.megatron.model"]
+                                  if spec.trainer.engine == Engine.megatron else []))
     world_size = spec.num_cells * ranks_per_replica(spec)
     procs = [ctx.Process(target=_rank_entry, args=(spec, r, world_size, store.port, witness_counter), name=f"dp_rank{r}")
              for r in range(world_size)]

@@ -36,8 +36,9 @@ def runs(tmp_path_factory):
     return tmp_path_factory.mktemp("runs")
 
 
-SCENARIOS = [("no_failure", "dp2"), ("no_failure", "dp4"), ("with_failure", "dp2"), ("with_failure", "dp4"),
-             ("deterministic", "dp2"), ("deterministic", "dp4")]
+# dp4 runs with_failure only (a 3-of-4 shrink and heal); its no_failure and deterministic runs add
+# little over dp2's and are left out of the default run (2 minutes together).
+SCENARIOS = [("no_failure", "dp2"), ("with_failure", "dp2"), ("with_failure", "dp4"), ("deterministic", "dp2")]
 _finished: dict[tuple[str, str], Path] = {}
 
 

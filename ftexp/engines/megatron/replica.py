@@ -35,6 +35,7 @@ from ftexp.trainer.collectives import sum_across
 from ftexp.trainer.grpo import PAD_TOKEN, TrainBatch
 from ftexp.trainer.replica import CLIP_GRAD, STAT_KEYS, rng_state, set_rng_state, tensor_sha256
 
+
 def _mp():
     from megatron.core import parallel_state
 

@@ -13,7 +13,7 @@ from ftexp_runner import run_ftexp
     (["threshold.dumps=[['.*','rel <= ']]"], "rel <="),
     (["threshold.dumps=[['.*','__import__(\"os\")']]"], "predicate"),
     (["threshold.dumps=[['(','rel <= 1']]"], "bad regex"),
-    (["mode=dp2_cp2_tp2_ep2", "trainer.engine=torch"], "engine=torch cannot run it"),
+    (["mode=dp2_cp2_tp2_ep2", "trainer=torch"], "engine=torch cannot run it"),
     (["mode=dp2_cp2_tp2_ep2", "trainer.enable_witness=true"], "megatron engine has no witness parameters"),
     (["mode=dp2_cp2_tp2_ep2", "mode.tp=3"], "tp=3 must divide"),
     (["mode=dp2_cp2_tp2_ep2", "mode.ep=3"], "ep=3 must divide"),

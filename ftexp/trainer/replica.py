@@ -140,12 +140,7 @@ class Replica:
                 p.grad.zero_()
 
     def metrics(self, stats: torch.Tensor, grad_norm: float, rollout: dict) -> dict[str, float]:
-        rewards = [s["reward"] for s in rollout["samples"]]
-        out = {f"train/{k}": float(v) for k, v in zip(STAT_KEYS, stats)}
-        out["train/grad_norm"] = grad_norm
-        out["train/lr"] = self.scheduler.get_last_lr()[0]
-        out["rollout/reward_mean"] = float(np.mean(rewards))
-        return out
+        return step_metrics(stats, grad_norm, self.scheduler.get_last_lr()[0], rollout)
 
     # ---- audit ----------------------------------------------------------------------------
     def dump(self, leaf_dir: Path) -> None:
@@ -188,6 +183,15 @@ class Replica:
         self.scheduler.load_state_dict(state["scheduler"])
         set_rng_state(state["rng"])
         self.last_rollout_id = int(state["last_rollout_id"])
+
+
+def step_metrics(stats: torch.Tensor, grad_norm: float, lr: float, rollout: dict) -> dict[str, float]:
+    """The metrics of a committed step, the same keys for every engine."""
+    out = {f"train/{k}": float(v) for k, v in zip(STAT_KEYS, stats)}
+    out["train/grad_norm"] = grad_norm
+    out["train/lr"] = lr
+    out["rollout/reward_mean"] = float(np.mean([s["reward"] for s in rollout["samples"]]))
+    return out
 
 
 def rng_state() -> dict[str, Any]:

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from ftexp.audit.dumps import remove_dumps_at, write_dump
 from ftexp.trainer.collectives import sum_across
 from ftexp.trainer.grpo import PAD_TOKEN, TrainBatch
-from ftexp.trainer.replica import CLIP_GRAD, STAT_KEYS, rng_state, set_rng_state, tensor_sha256
+from ftexp.trainer.replica import CLIP_GRAD, STAT_KEYS, rng_state, set_rng_state, step_metrics, tensor_sha256
 
 
 def _mp():
@@ -195,12 +195,7 @@ class MegatronReplica:
         self.optimizer.zero_grad()
 
     def metrics(self, stats: torch.Tensor, grad_norm: float, rollout: dict) -> dict[str, float]:
-        rewards = [s["reward"] for s in rollout["samples"]]
-        out = {f"train/{k}": float(v) for k, v in zip(STAT_KEYS, stats)}
-        out["train/grad_norm"] = grad_norm
-        out["train/lr"] = self.optimizer.param_groups[0]["lr"]
-        out["rollout/reward_mean"] = float(np.mean(rewards))
-        return out
+        return step_metrics(stats, grad_norm, self.optimizer.param_groups[0]["lr"], rollout)
 
     # ---- audit ----------------------------------------------------------------------------
     def dump(self, leaf_dir: Path) -> None:

@@ -21,11 +21,19 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from ftexp.config import ExperimentConfig, Stage, register_configs, validate
+from ftexp import pipeline
+from ftexp.config import ExperimentConfig, Stage, register_configs
 from ftexp.errors import InputError
+from ftexp.tracking.sweep import sweep_exit_code
+from ftexp.validate import validate
 
 log = logging.getLogger("ftexp")
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+_validated: ExperimentConfig | None = None  # the single run's config, validated by _precompose
+# The Hydra config root: conf/ at the repo root, installed as the package ftexp.conf
+# (pyproject.toml maps it). Named as a module, not a path relative to this file, so the same
+# name resolves in the wheel and in the editable install (setuptools' editable finder maps it).
+CONFIG_MODULE = "ftexp.conf"
 
 
 def _fail_bad_input(message: str) -> None:
@@ -54,14 +62,14 @@ def _one_line(exc: BaseException) -> str:
     return " — ".join(lines[:2]) or type(exc).__name__
 
 
-def _precompose(overrides: list[str]) -> None:
+def _precompose(overrides: list[str]) -> ExperimentConfig:
     """Compose the config once and validate it; exit 2 with one line on any error."""
     from hydra import compose, initialize_config_module
 
     try:
-        with initialize_config_module(config_module="ftexp.conf", version_base="1.3"):
+        with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
             cfg = compose(config_name="config", overrides=overrides)
-        to_config(cfg)
+        return to_config(cfg)
     except InputError as e:
         _fail_bad_input(str(e))
     except Exception as e:  # Hydra/OmegaConf raise a zoo of types for bad overrides
@@ -79,15 +87,15 @@ def to_config(cfg: DictConfig) -> ExperimentConfig:
     return exp
 
 
-@hydra.main(config_path="conf", config_name="config", version_base="1.3")
+@hydra.main(config_path=f"pkg://{CONFIG_MODULE}", config_name="config", version_base="1.3")
 def _hydra_main(cfg: DictConfig) -> int | None:
-    from ftexp import pipeline
-
     # A sweep point runs inside a launcher job: it returns its exit code (result.json records the
     # verdict for the sweep summary) instead of exiting the job's process.
     multirun = HydraConfig.get().mode == RunMode.MULTIRUN
     try:
-        exp = to_config(cfg)
+        # A single run was composed and validated before Hydra started (``main``); sweep points
+        # are composed by Hydra alone, so each is validated here.
+        exp = _validated if _validated is not None else to_config(cfg)
         if exp.run_dir:
             run_dir = Path(exp.run_dir)
             if exp.stage in (Stage.compare, Stage.collect) and not run_dir.is_dir():
@@ -110,11 +118,10 @@ def main() -> None:
     register_configs()
     args = sys.argv[1:]
     hydra_flags = [a for a in args if a.startswith("-")]
+    global _validated
     if not hydra_flags:  # plain overrides: check them before Hydra sets anything up
-        _precompose([a for a in args if not a.startswith("hydra")])
+        _validated = _precompose([a for a in args if not a.startswith("hydra")])
     _hydra_main()
-    from ftexp.tracking.sweep import sweep_exit_code
-
     if sweep_exit_code():
         sys.exit(EXIT_FAILED)
 

@@ -1,30 +1,29 @@
 """prepare → for each phase: baseline, then target → verify → report.
 
 ``run_stage`` is what ``python -m ftexp`` calls once the config is valid. The run directory is the
-experiment: ``rollout_data/`` (recorded once, shared by both sides), ``<side>/<phase>/`` per
-training job, and ``report.json`` / ``report.md`` / ``curves.png`` with the verdict.
+experiment (``ftexp.rundir``): the rollouts recorded once and shared by both sides, one directory
+per training job, and the verdict files.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import shutil
 import time
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from ftexp.config import ExperimentConfig, PhaseConfig, Stage
+from ftexp.config import ExperimentConfig, Stage
+from ftexp.engines.torch.model import build_model
 from ftexp.errors import InputError
 from ftexp.launch.capacity import check_capacity
 from ftexp.launch.detached import submit_run, wait_for_submission
-from ftexp.faults.soak import SoakInjection
-from ftexp.launch.jobs import JobFailed, run_side_job
-from ftexp.scenarios import verify_run
-from ftexp.trainer.model import build_model
-from ftexp.trainer.rollout_data import generate_rollout, rollout_path, save_rollout
-from ftexp.trainer.side import BASELINE, TARGET, SideSpec, side_dir
+from ftexp.launch.jobs import JobFailed
+from ftexp.launch.sides import train_sides
+from ftexp.rollout.recorded import generate_rollout, save_rollout
+from ftexp.rundir import BASELINE, CURVES, METRICS_FILE, REPORT_JSON, REPORT_MD, TARGET, rollout_data_dir, rollout_path
+from ftexp.scenarios import load_scenario
 from ftexp.tracking import track
 from ftexp.tracking.result import build_result, write_result
 from ftexp.verify.report import CheckResult, Verdict, plot_curves, write_report
@@ -34,7 +33,7 @@ log = logging.getLogger("ftexp")
 
 def prepare(cfg: ExperimentConfig, run_dir: Path) -> Path:
     """Record every rollout the scenario trains on, sampled from the initial policy."""
-    data_dir = run_dir / "rollout_data"
+    data_dir = rollout_data_dir(run_dir)
     model = build_model(cfg.trainer.model)
     for rollout_id in range(cfg.scenario.num_rollout):
         path = rollout_path(data_dir, rollout_id)
@@ -44,45 +43,10 @@ def prepare(cfg: ExperimentConfig, run_dir: Path) -> Path:
     return data_dir
 
 
-def side_spec(cfg: ExperimentConfig, run_dir: Path, side: str, phase: PhaseConfig) -> SideSpec:
-    load_dir = side_dir(run_dir, side, phase.load_from) / "ckpt" if phase.load_from is not None else None
-    return SideSpec(
-        side=side, phase=phase.name, side_dir=side_dir(run_dir, side, phase.name),
-        data_dir=run_dir / "rollout_data", trainer=cfg.trainer, num_cells=cfg.mode.num_cells,
-        num_rollout=cfg.scenario.num_rollout, deterministic=cfg.scenario.deterministic, seed=cfg.seed,
-        load_dir=load_dir, save_interval=phase.save_interval, exit_after_rollouts=phase.exit_after_rollouts,
-        actions=list(phase.target_actions) if side == TARGET else [],
-        control=cfg.scenario.control if side == TARGET else None,
-        soak=cfg.scenario.soak if side == TARGET else None, mode=cfg.mode,
-    )
-
-
-def train(cfg: ExperimentConfig, run_dir: Path, sides: tuple[str, ...], only_phase: str | None) -> None:
-    soak = cfg.scenario.soak
-    for phase in cfg.scenario.phases:
-        if only_phase is not None and phase.name != only_phase:
-            continue
-        for side in sides:
-            if soak.enabled and side == BASELINE:
-                continue  # a soak is not a comparison: it only runs the fault-tolerant side
-            spec = side_spec(cfg, run_dir, side, phase)
-            if spec.side_dir.exists():
-                shutil.rmtree(spec.side_dir)  # a side's results are always from one fresh run
-            spec.side_dir.mkdir(parents=True)
-            if not soak.enabled:
-                run_side_job(spec, cfg.launcher)
-                continue
-            injection = SoakInjection(soak, cfg.seed, spec.side_dir)
-            try:
-                run_side_job(spec, cfg.launcher, on_poll=injection.poll)
-            finally:
-                injection.stop()
-
-
 def read_metric_series(side_root: Path) -> dict[str, list[tuple[int, float]]]:
     """``{key: [(rollout_id, value)]}`` over every phase's metrics.jsonl; the highest attempt wins."""
     latest: dict[int, tuple[int, dict]] = {}
-    for path in sorted(side_root.glob("**/metrics.jsonl")):
+    for path in sorted(side_root.glob(f"**/{METRICS_FILE}")):
         for line in path.read_text().splitlines():
             row = json.loads(line)
             step, attempt = row.pop("step"), row.pop("attempt")
@@ -98,11 +62,11 @@ def read_metric_series(side_root: Path) -> dict[str, list[tuple[int, float]]]:
 def verify(cfg: ExperimentConfig, run_dir: Path, extra_checks: list[CheckResult] = (),
            started: float | None = None) -> Verdict:
     """Check, write report + curves + result.json, and hand the curves to the tracker."""
-    checks = list(extra_checks) or verify_run(cfg, run_dir)
+    checks = list(extra_checks) or load_scenario(cfg.scenario).verify(cfg, run_dir)
     verdict = Verdict(scenario=cfg.scenario.name, mode=cfg.mode.name, checks=checks)
     write_report(run_dir, verdict, {"run_dir": str(run_dir)})
     baseline, target = read_metric_series(run_dir / BASELINE), read_metric_series(run_dir / TARGET)
-    plot_curves(baseline, target, run_dir / "curves.png", f"{cfg.scenario.name} / {cfg.mode.name}: baseline vs target",
+    plot_curves(baseline, target, run_dir / CURVES, f"{cfg.scenario.name} / {cfg.mode.name}: baseline vs target",
                 keys=["train/loss", "train/grad_norm", "train/pg_loss", "train/entropy", "rollout/reward_mean"])
     overrides_file = run_dir / ".hydra" / "overrides.yaml"
     overrides = OmegaConf.to_container(OmegaConf.load(overrides_file)) if overrides_file.is_file() else []
@@ -111,7 +75,7 @@ def verify(cfg: ExperimentConfig, run_dir: Path, extra_checks: list[CheckResult]
     write_result(run_dir, build_result(run_dir, verdict, overrides, wall, final))
     track(cfg, run_dir, baseline, target, verdict)
     status = "PASSED" if verdict.passed else "FAILED"
-    log.info("verdict: %s — %s", status, run_dir / "report.md")
+    log.info("verdict: %s — %s", status, run_dir / REPORT_MD)
     for check in checks:
         if not check.passed:
             log.info("  FAILED %s: %s", check.name, check.summary)
@@ -130,8 +94,7 @@ def run_stage(cfg: ExperimentConfig, run_dir: Path) -> int:
                                                           {"log_tail": failure})]).passed else 1
         stage = Stage.compare
     if stage == Stage.compare:
-        needed = ("target",) if cfg.scenario.soak.enabled else ("baseline", "target")
-        if not all((run_dir / side).is_dir() for side in needed):
+        if not all((run_dir / side).is_dir() for side in load_scenario(cfg.scenario).sides):
             raise InputError(f"{run_dir} holds no baseline/ and target/ training results")
         return 0 if verify(cfg, run_dir).passed else 1
     check_capacity(cfg)
@@ -145,10 +108,10 @@ def run_stage(cfg: ExperimentConfig, run_dir: Path) -> int:
               f"stage=collect run_dir={run_dir}")
         return 0
     sides = {Stage.baseline: (BASELINE,), Stage.target: (TARGET,), Stage.run: (BASELINE, TARGET)}[stage]
-    for stale in ("report.json", "report.md", "curves.png"):
+    for stale in (REPORT_JSON, REPORT_MD, CURVES):
         (run_dir / stale).unlink(missing_ok=True)  # never leave an old verdict beside new results
     try:
-        train(cfg, run_dir, sides, cfg.phase)
+        train_sides(cfg, run_dir, sides, cfg.phase)
     except JobFailed as e:
         log.error("%s", e)
         verify(cfg, run_dir, [CheckResult(name="training", passed=False, summary=str(e).splitlines()[0],

@@ -1,13 +1,10 @@
-"""The event analyzer: rules over a run's event log that must hold at every step (spec §12).
+"""The event analyzer: rules over a run's event log that must hold at every step.
 
 ``cross_replica_weight_checksum``: every rank that committed the same (rollout, attempt) logged
 SHA-256 hashes of its parameters and optimizer state; ranks with the same rank-within-cell in
 different cells must have logged identical hashes. After a heal this proves, bit for bit, that
 the healed cell received the full state (weights *and* optimizer moments and step counts) —
 a dump comparison alone cannot see optimizer state.
-
-``inference_engine_weight_checksum_consistency``: after a weight update every rollout engine
-must hold the same weights as engine 0.
 
 ``witness``: every cell that committed a rollout must show, in its witness rows, exactly the
 samples of every committed attempt so far — none missing (lost), none extra (a discarded
@@ -23,7 +20,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Iterable, TypeVar
 
-from ftexp.audit.events import (InferenceEngineWeightChecksumEvent, TrainAdvantageComputationEvent,
+from ftexp.audit.events import (TrainAdvantageComputationEvent,
                                 TrainEngineLocalWeightChecksumEvent, TrainGroupStepEndEvent, WitnessAllocateIdEvent,
                                 WitnessSnapshotParamEvent)
 from ftexp.audit.witness import in_ranges
@@ -86,22 +83,6 @@ def cross_replica_weight_checksum(events: Iterable[Any]) -> list[AnalyzerIssue]:
                     "cross_replica_weight_checksum", rollout_id,
                     f"attempt {attempt}: {ref.source.process_name} and {other.source.process_name} differ in "
                     f"{len(differing)} entries, e.g. {differing[:3]}"))
-    return issues
-
-
-def inference_engine_weight_checksum_consistency(events: Iterable[Any]) -> list[AnalyzerIssue]:
-    issues = []
-    for e in events:
-        if not isinstance(e, InferenceEngineWeightChecksumEvent) or len(e.engine_checksums) < 2:
-            continue
-        ref = e.engine_checksums[0]
-        for k, other in enumerate(e.engine_checksums[1:], 1):
-            differing = _differing_keys(ref, other)
-            if differing:
-                issues.append(AnalyzerIssue(
-                    "inference_engine_weight_checksum_consistency", e.rollout_id,
-                    f"rollout_{e.rollout_id}/engine_0 and rollout_{e.rollout_id}/engine_{k} differ in "
-                    f"{len(differing)} tensors, e.g. {differing[:3]}"))
     return issues
 
 
@@ -194,7 +175,7 @@ def witness(events: list[Any]) -> list[AnalyzerIssue]:
     return issues
 
 
-RULES = (cross_replica_weight_checksum, inference_engine_weight_checksum_consistency, witness)
+RULES = (cross_replica_weight_checksum, witness)
 
 
 def analyze(events: list[Any]) -> list[AnalyzerIssue]:

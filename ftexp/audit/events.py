@@ -121,14 +121,6 @@ class TrainAdvantageComputationEvent(_Event):
     witness_ids: list[list[int]]
 
 
-class InferenceEngineWeightChecksumEvent(_Event):
-    """One ``{tensor: hash}`` dict per rollout engine after a weight update (spec §10.2)."""
-
-    type: Literal["inference_engine_weight_checksum"] = "inference_engine_weight_checksum"
-    rollout_id: int | None  # None for the initial sync before the first rollout
-    engine_checksums: list[dict[str, str]]
-
-
 class ControlServerStartedEvent(_Event):
     """Where the run's control server listens (port 0 in the config means a free port was picked)."""
 
@@ -157,7 +149,6 @@ Event = Annotated[
         WitnessAllocateIdEvent,
         WitnessSnapshotParamEvent,
         TrainAdvantageComputationEvent,
-        InferenceEngineWeightChecksumEvent,
         FaultInjectedEvent,
         ControlServerStartedEvent,
     ],

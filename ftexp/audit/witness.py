@@ -1,6 +1,6 @@
 """Witness ids: every training attempt names its samples, so the weights can say what was trained.
 
-The model carries witness parameters (``ftexp/trainer/witness_module.py``): one zero-initialised
+The model carries witness parameters (``ftexp/engines/torch/witness.py``): one zero-initialised
 scalar per slot of a ring buffer of ``buffer_size`` slots. Before every training *attempt* of a
 rollout the driver allocates one fresh slot per sample — the sample's **witness id** — and each
 sample's tokens touch only their own slot. After a committed step, a slot's row is non-zero

@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
-from ftexp.faults.failure_modes import FailureMode
+from ftexp.control.failure_modes import FailureMode
 
 API_VERSION = "miles.io/v1"
 CELL_TYPE_LABEL = "miles.io/cell-type"

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import NamedTuple, Protocol
 
 from ftexp.control.api_models import CellCondition, CellType, Phase, TriState
-from ftexp.faults.failure_modes import FailureMode
+from ftexp.control.failure_modes import FailureMode
 
 
 class NotSupported(Exception):

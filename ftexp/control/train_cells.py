@@ -23,7 +23,7 @@ from ftexp.control.controller import MiniFTController
 from ftexp.control.health import SimpleHealthChecker
 from ftexp.control.registry import CellRegistry, CellSnapshot, compute_cell_status
 from ftexp.control.server import ControlServer
-from ftexp.faults.failure_modes import FailureMode
+from ftexp.control.failure_modes import FailureMode
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ import httpx
 from ftexp.control.api_models import Cell, CellList, TriState
 from ftexp.control.clock import Clock, RealClock
 from ftexp.errors import InputError
-from ftexp.faults.failure_modes import FailureMode
+from ftexp.control.failure_modes import FailureMode
 
 log = logging.getLogger(__name__)
 HTTP_TIMEOUT_S = 5.0

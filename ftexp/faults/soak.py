@@ -1,32 +1,31 @@
 """The harness side of a chaos soak: inject random faults into the target job while it trains.
 
-The target driver writes ``<side_dir>/control.json`` with its control server's address once the
+The target driver writes its control server's address (``control.json`` in its side dir) once the
 cells are up. While the pipeline waits for the job, ``SoakInjection.poll`` starts the seeded
 :class:`RandomInjector` against that server as soon as the file appears; ``stop`` joins it and
-records every accepted injection in ``<side_dir>/injections.json`` for the verdict.
+records every accepted injection (``injections.json``) for the verdict.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from pathlib import Path
 
 from ftexp.faults.injector import RandomInjector
+from ftexp.rundir import SideDir
 
 log = logging.getLogger("ftexp")
-CONTROL_FILE = "control.json"
-INJECTIONS_FILE = "injections.json"
 
 
 class SoakInjection:
-    def __init__(self, soak_cfg, seed: int, side_dir: Path):
+    def __init__(self, soak_cfg, seed: int, side_dir: SideDir):
+        """``soak_cfg``: the scenario's soak settings (``ftexp.config.SoakConfig``)."""
         self.cfg, self.seed, self.side_dir = soak_cfg, seed, side_dir
         self.injector: RandomInjector | None = None
         self.stopped = False
 
     def poll(self) -> None:
-        control = self.side_dir / CONTROL_FILE
+        control = self.side_dir.control_file
         if self.injector is not None:
             if not control.is_file():  # the driver is shutting its server down
                 self._stop_injector()
@@ -49,4 +48,4 @@ class SoakInjection:
         self._stop_injector()
         injections = [{"timestamp": i.timestamp.isoformat(), "cell": i.cell, "mode": i.mode.value}
                       for i in (self.injector.injections if self.injector is not None else [])]
-        (self.side_dir / INJECTIONS_FILE).write_text(json.dumps(injections, indent=2))
+        self.side_dir.injections.write_text(json.dumps(injections, indent=2))

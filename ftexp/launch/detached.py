@@ -20,22 +20,22 @@ import submitit
 from ftexp.config import LauncherKind
 from ftexp.errors import InputError
 from ftexp.launch.jobs import log_tail, make_executor
+from ftexp.launch.sides import train_sides
+from ftexp.rundir import BASELINE, SUBMISSION, SUBMITIT_RUN, TARGET
 
 log = logging.getLogger("ftexp")
-SUBMISSION = "submission.json"
 
 
 def _train_all(cfg, run_dir: Path) -> str:
-    from ftexp.pipeline import train  # the job body; imported here to keep the module graph acyclic
-
-    train(cfg, run_dir, ("baseline", "target"), cfg.phase)
+    """The job body: every side of every phase, as a foreground run would train them."""
+    train_sides(cfg, run_dir, (BASELINE, TARGET), cfg.phase)
     return str(run_dir)
 
 
 def submit_run(cfg, run_dir: Path) -> str:
     """Submit the training of ``run_dir`` as one job; the nested side jobs wait inside it."""
     inner = dataclasses.replace(cfg, launcher=dataclasses.replace(cfg.launcher, wait=True))
-    folder = run_dir / "submitit_run"
+    folder = run_dir / SUBMITIT_RUN
     # The run job waits for every side job of every phase in turn: give it their time limits together.
     outer = dataclasses.replace(cfg.launcher, timeout_min=cfg.launcher.timeout_min * (2 * len(cfg.scenario.phases) + 1))
     with submitit.helpers.clean_env():  # see run_side_job

@@ -2,7 +2,7 @@
 
 ``run_side_job(spec, launcher)`` submits (locally or to Slurm) :func:`train_side` and waits for it. The job's stdout
 and stderr — including every Ray worker's and every DP rank's output — land in
-``<side_dir>/train.log``. A job that dies hard (``os._exit``, SIGKILL) is detected as soon as
+the side's ``train.log``. A job that dies hard (``os._exit``, SIGKILL) is detected as soon as
 its process ends, not after submitit's result timeout, and reported with its exit status and the
 tail of its log instead of a bare submitit traceback.
 """
@@ -19,8 +19,11 @@ from pathlib import Path
 import submitit
 
 from ftexp.config import LauncherKind
+from ftexp.job import JobSpec
 from ftexp.launch.progress import SideProgress
-from ftexp.trainer.side import BASELINE, SideSpec
+from ftexp.rundir import BASELINE
+from ftexp.trainer.baseline import run_baseline
+from ftexp.trainer.driver import run_ft_driver
 
 log = logging.getLogger(__name__)
 LOG_TAIL_LINES = 25
@@ -31,9 +34,9 @@ class JobFailed(RuntimeError):
     """A training job ended without a result; the message carries the log tail."""
 
 
-def train_side(spec: SideSpec) -> str:
+def train_side(spec: JobSpec) -> str:
     """The job body: run one side of one phase to completion."""
-    log_path = spec.side_dir / "train.log"
+    log_path = spec.side_dir.train_log
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     sys.stdout.flush(), sys.stderr.flush()
     os.dup2(fd, 1), os.dup2(fd, 2)  # fd-level, so child processes inherit it
@@ -42,13 +45,11 @@ def train_side(spec: SideSpec) -> str:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per control-API poll otherwise
     log.info("training %s%s: rollouts %s", spec.side, f"/{spec.phase}" if spec.phase else "", list(spec.rollout_ids()))
     if spec.side == BASELINE:
-        from ftexp.trainer.plain_dp import run_plain_dp
-        run_plain_dp(spec)
+        run_baseline(spec)
     else:
-        from ftexp.trainer.driver import run_ft_driver
         run_ft_driver(spec)
     log.info("done")
-    return str(spec.side_dir)
+    return str(spec.side_dir.root)
 
 
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
@@ -99,18 +100,18 @@ def job_failure(job: submitit.Job, log_path: Path) -> str | None:
     return f"{reason}; last lines of {log_path}:\n{log_tail(log_path)}"
 
 
-def run_side_job(spec: SideSpec, launcher_cfg, on_poll=lambda: None) -> None:
+def run_side_job(spec: JobSpec, launcher_cfg, on_poll=lambda: None) -> None:
     """Submit the side's training job and block until it ends; raise JobFailed if it did not succeed."""
-    spec.side_dir.mkdir(parents=True, exist_ok=True)
-    executor = make_executor(spec.side_dir / "submitit", launcher_cfg)
+    spec.side_dir.root.mkdir(parents=True, exist_ok=True)
+    executor = make_executor(spec.side_dir.submitit, launcher_cfg)
     # Inside a Slurm job (a sweep point), the inherited SLURM_* variables would make submitit take
     # the new job for the enclosing one; clean_env hides them while submitting.
     with submitit.helpers.clean_env():
         job = executor.submit(train_side, spec)
     where = f"{spec.side}{'/' + spec.phase if spec.phase else ''}"
-    log.info("%s: submitted job %s (log: %s)", where, job.job_id, spec.side_dir / "train.log")
+    log.info("%s: submitted job %s (log: %s)", where, job.job_id, spec.side_dir.train_log)
     with SideProgress(where, spec) as progress:
         wait_for(job, launcher_cfg.poll_interval_s, lambda: (progress.update(), on_poll()))
-    failure = job_failure(job, spec.side_dir / "train.log")
+    failure = job_failure(job, spec.side_dir.train_log)
     if failure:
         raise JobFailed(f"training job {where} {failure}")

@@ -18,7 +18,7 @@ log = logging.getLogger("ftexp")
 class SideProgress:
     def __init__(self, where: str, spec) -> None:
         self.where = where
-        self.perf = spec.side_dir / "perf.jsonl"
+        self.perf = spec.side_dir.perf
         self.total = len(spec.rollout_ids())
         self.seen = 0
         self._bar: Progress | None = None

@@ -1,32 +1,58 @@
-"""Scenario assertions: what must hold for a run of each scenario to pass.
+"""Scenarios: what a run must prove. One module per scenario; its yaml names the module.
 
-The fault plan of a scenario lives in its config (``conf/scenario/<name>.yaml``); what the run
-must prove lives here. Every phase is checked the same way — dumps tensor by tensor, metrics key
-by key, the exact set of dump leaves, and the exact list of reconfigure events on each side — and
-each scenario only says what it expects: which leaves, which reconfigurations (shrinks and heals
-are the positive proof that the planned fault happened and the heal ran).
+A scenario module declares its ``KIND`` (``scenarios.base.Kind``: comparison or soak), checks that
+its fault plan can prove what the scenario claims (``check_plan``, at config time) and verifies a
+finished run directory (``verify``). Which sides train and whether the run is a soak is asked of
+the loaded scenario, here, once.
 """
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from types import ModuleType
 
-from ftexp.config import ExperimentConfig, PhaseConfig
+from ftexp.config import ExperimentConfig, ScenarioConfig
 from ftexp.errors import InputError
-from ftexp.scenarios.checks import check_phase
-from ftexp.scenarios.expectations import EXPECTATIONS, PhaseExpectation
-from ftexp.scenarios.soak import verify_soak
+from ftexp.scenarios.base import Kind
 from ftexp.verify.report import CheckResult
 
+# Modules of this package that are machinery, not scenarios.
+_NOT_SCENARIOS = {"base", "checks", "comparison"}
 
-def verify_run(cfg: ExperimentConfig, run_dir: Path) -> list[CheckResult]:
-    if cfg.scenario.soak.enabled:
-        return verify_soak(cfg, run_dir)
-    expect: Callable[[ExperimentConfig, PhaseConfig], PhaseExpectation] | None = EXPECTATIONS.get(cfg.scenario.name)
-    if expect is None:
-        raise InputError(f"scenario {cfg.scenario.name!r} has no assertions defined in ftexp.scenarios")
-    checks: list[CheckResult] = []
-    for phase in cfg.scenario.phases:
-        checks += check_phase(cfg, run_dir, phase, expect(cfg, phase))
-    return checks
+
+def scenario_modules() -> list[str]:
+    return sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name not in _NOT_SCENARIOS)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    module: ModuleType
+
+    @property
+    def kind(self) -> Kind:
+        return self.module.KIND
+
+    @property
+    def is_soak(self) -> bool:
+        return self.kind == Kind.soak
+
+    @property
+    def sides(self) -> tuple[str, ...]:
+        return self.kind.sides
+
+    def check_plan(self, cfg: ExperimentConfig) -> None:
+        self.module.check_plan(cfg)
+
+    def verify(self, cfg: ExperimentConfig, run_dir: Path) -> list[CheckResult]:
+        return self.module.verify(cfg, run_dir)
+
+
+def load_scenario(cfg: ScenarioConfig) -> Scenario:
+    if cfg.module not in scenario_modules():
+        raise InputError(f"scenario {cfg.name}: unknown scenario module {cfg.module!r} "
+                         f"(modules: {', '.join(scenario_modules())})")
+    return Scenario(cfg.name, importlib.import_module(f"{__name__}.{cfg.module}"))

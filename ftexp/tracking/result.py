@@ -11,15 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from ftexp.audit.events import CellReconfigureEvent, FaultInjectedEvent, read_events
-from ftexp.faults.soak import INJECTIONS_FILE
-
-RESULT_FILE = "result.json"
+from ftexp.rundir import INJECTIONS_FILE, RESULT_FILE, TARGET
 
 
 def _target_events(run_dir: Path) -> list[Any]:
     """All target events, each once (a resumed phase starts from a copy of the earlier phase's log)."""
     seen, events = set(), []
-    for events_dir in sorted((run_dir / "target").glob("**/events")):
+    for events_dir in sorted((run_dir / TARGET).glob("**/events")):
         for e in read_events(events_dir):
             key = e.model_dump_json()
             if key not in seen:
@@ -33,7 +31,7 @@ def build_result(run_dir: Path, verdict, overrides: list[str], wall_time_s: floa
     events = _target_events(run_dir)
     # Planned crashes log a fault event; a soak's random injections are listed by the harness.
     faults = sum(isinstance(e, FaultInjectedEvent) for e in events) + sum(
-        len(json.loads(p.read_text())) for p in (run_dir / "target").glob(f"**/{INJECTIONS_FILE}"))
+        len(json.loads(p.read_text())) for p in (run_dir / TARGET).glob(f"**/{INJECTIONS_FILE}"))
     return {
         "run_dir": str(run_dir),
         "scenario": verdict.scenario,

@@ -17,7 +17,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from ftexp.tracking.result import RESULT_FILE
+from ftexp.rundir import RESULT_FILE
 
 log = logging.getLogger("ftexp")
 

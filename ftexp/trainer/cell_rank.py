@@ -24,18 +24,19 @@ import torch
 import torch.distributed as dist
 from torchft.process_group import ProcessGroupGloo
 
-from ftexp.audit.events import (EventLogger, FaultInjectedEvent, MetricEvent, ProcessIdentity,
-                                TrainEngineLocalWeightChecksumEvent)
+from ftexp.audit.events import EventLogger, FaultInjectedEvent, ProcessIdentity, TrainEngineLocalWeightChecksumEvent
 from ftexp.audit.witness import WitnessInfo
-from ftexp.config import NegativeControl, TestActionKind
-from ftexp.trainer.cell import IndepDPInfo
-from ftexp.trainer.collectives import sum_across
-from ftexp.trainer.engine import build_replica, needs_process_world, ranks_per_replica
-from ftexp.trainer.replica import load_checkpoint, mark_checkpoint_complete, save_checkpoint, train_step
-from ftexp.trainer.rollout_data import load_rollout, rollout_path
-from ftexp.trainer.side import SideSpec, append_metrics, snapshot_events
-from ftexp.faults.failure_modes import inject_fault
+from ftexp.control.failure_modes import inject_fault
+from ftexp.engines.collectives import sum_across
+from ftexp.engines.registry import get_engine
+from ftexp.faults.plan import NegativeControl
+from ftexp.job import JobSpec
+from ftexp.rollout.recorded import load_rollout
+from ftexp.rundir import rollout_path
 from ftexp.trainer import transfer
+from ftexp.trainer.cell import IndepDPInfo
+from ftexp.trainer.checkpoint import complete_checkpoint, load_rank_state, save_rank_state
+from ftexp.trainer.step import record_metrics, train_step
 
 log = logging.getLogger(__name__)
 NORMAL, DISCARDED = "normal", "discarded_should_retry"
@@ -45,7 +46,7 @@ NORMAL, DISCARDED = "normal", "discarded_should_retry"
 # training call is blocked (e.g. in a collective waiting for a dead peer).
 @ray.remote(num_cpus=0, max_restarts=0, concurrency_groups={"heartbeat": 1, "fault_injector": 1})
 class CellRank:
-    def __init__(self, spec: SideSpec, cell_index: int, rank_within_cell: int, store_addr: str, incarnation: int = 0):
+    def __init__(self, spec: JobSpec, cell_index: int, rank_within_cell: int, store_addr: str, incarnation: int = 0):
         logging.basicConfig(level=logging.INFO, stream=sys.stdout, force=True,
                             format=f"[%(asctime)s] cell{cell_index}/rank{rank_within_cell} %(name)s: %(message)s",
                             datefmt="%H:%M:%S")
@@ -53,19 +54,21 @@ class CellRank:
         torch.use_deterministic_algorithms(spec.deterministic)
         self.spec, self.cell_index, self.rank = spec, cell_index, rank_within_cell
         self.store_addr = store_addr
-        self.events = EventLogger(spec.events_dir, ProcessIdentity(component="actor", cell_index=cell_index,
+        self.events = EventLogger(spec.side_dir.events, ProcessIdentity(component="actor", cell_index=cell_index,
                                                                     rank_within_cell=rank_within_cell))
-        self.ranks_per_cell = ranks_per_replica(spec)
-        if needs_process_world(spec):
+        engine = get_engine(spec.trainer.engine)
+        self.ranks_per_cell = engine.ranks_per_replica(spec.mode)
+        self.has_world = engine.needs_process_world
+        if self.has_world:
             self._join_cell_world(incarnation)
-        self.replica = build_replica(spec)
+        self.replica = engine.build_replica(spec.trainer, spec.mode, seed=spec.seed, deterministic=spec.deterministic)
         self.info: IndepDPInfo | None = None
         self.pg: ProcessGroupGloo | None = None
         self.last_active, self.bump_count = time.time(), 0
 
     def _join_cell_world(self, incarnation: int) -> None:
         host, port = self.store_addr.rsplit(":", 1)
-        timeout = dt.timedelta(seconds=self.spec.trainer.megatron.cell_timeout_s)
+        timeout = dt.timedelta(seconds=self.spec.trainer.world_timeout_s)
         store = dist.TCPStore(host, int(port), is_master=False, timeout=timeout)
         dist.init_process_group("gloo", store=dist.PrefixStore(f"cell{self.cell_index}/{incarnation}/", store),
                                 rank=self.rank, world_size=self.ranks_per_cell, timeout=timeout)
@@ -76,7 +79,7 @@ class CellRank:
 
     @ray.method(concurrency_group="heartbeat")
     def heartbeat(self) -> dict[str, float]:
-        """Liveness is "this RPC returned" (spec §7.1); the payload says when the rank last worked."""
+        """Liveness is "this RPC returned"; the payload says when the rank last worked."""
         return {"last_active_timestamp": self.last_active, "bump_count": self.bump_count}
 
     @ray.method(concurrency_group="fault_injector")
@@ -104,7 +107,7 @@ class CellRank:
         """Join quorum ``info``; start from a checkpoint, from a live cell (healing), or from scratch."""
         t0 = time.monotonic()
         if load_rollout_id is not None:
-            self.replica.load_state_dict(load_checkpoint(self.spec.load_dir, load_rollout_id, self.replica.coords))
+            self.replica.load_state_dict(load_rank_state(self.spec.load_dir, load_rollout_id, self.replica.coords))
         self._configure_group(info)
         t1 = time.monotonic()
         received = 0
@@ -123,7 +126,7 @@ class CellRank:
 
         A peer that dies meanwhile makes the rendezvous or the send fail. That is the peer's fault,
         not this rank's: report ``ok: False`` (the group retries the reconfigure) instead of raising,
-        which would get this healthy cell — possibly the last one — killed (spec §17.4).
+        which would get this healthy cell — possibly the last one — killed.
         """
         self._bump()
         t0 = time.monotonic()
@@ -169,7 +172,7 @@ class CellRank:
 
         def dump() -> None:
             if logs_for_group:
-                self.replica.dump(spec.dump_leaf(rollout_id))
+                self.replica.dump(spec.side_dir.dump_leaf(rollout_id))
 
         with self.events.context(rollout_id=rollout_id, attempt=attempt):
             ok, metrics = train_step(self.replica, rollout, rollout_id, attempt, shard_rank=info.alive_rank,
@@ -181,27 +184,23 @@ class CellRank:
                 return DISCARDED, None  # the bug: stepped, yet reported void, so the retry steps again
             self.events.log(TrainEngineLocalWeightChecksumEvent(rollout_id=rollout_id, state=self.replica.checksums()))
             if logs_for_group and self.rank == 0:
-                append_metrics(spec.side_dir, rollout_id, attempt, metrics)
-                self.events.log(MetricEvent(metrics=metrics))
+                record_metrics(spec.side_dir, self.events, rollout_id, attempt, metrics)
         return NORMAL, metrics
 
     def _maybe_crash(self, rollout_id: int, attempt: int) -> None:
-        for a in self.spec.actions:
-            cell = a.cell_index if a.cell_index >= 0 else self.spec.num_cells - 1
-            if (a.action == TestActionKind.crash_before_allreduce and a.at_rollout == rollout_id
-                    and a.attempt == attempt and cell == self.cell_index and a.rank == self.rank):
-                self.events.log(FaultInjectedEvent(rollout_id=rollout_id, attempt=attempt, action=a.action.value,
-                                                   cell_index=self.cell_index, rank=self.rank))
-                log.warning("test action %s: exiting hard before the cross-cell reduce", a.action.value)
-                sys.stdout.flush()
-                os._exit(1)
+        crash = self.spec.plan.crash_before_reduce(self.cell_index, self.rank, rollout_id, attempt)
+        if crash is None:
+            return
+        self.events.log(FaultInjectedEvent(rollout_id=rollout_id, attempt=attempt, action=crash.action.value,
+                                           cell_index=self.cell_index, rank=self.rank))
+        log.warning("test action %s: exiting hard before the cross-cell reduce", crash.action.value)
+        sys.stdout.flush()
+        os._exit(1)
 
-    def save(self, rollout_id: int) -> str:
+    def save(self, rollout_id: int) -> None:
         """Every rank writes its file; rank 0 then (after a barrier) the tracker and the event snapshot."""
-        iter_dir = save_checkpoint(self.replica, self.spec.ckpt_dir, rollout_id)
-        if needs_process_world(self.spec):
+        save_rank_state(self.replica, self.spec.side_dir.ckpt, rollout_id)
+        if self.has_world:
             dist.barrier()
         if self.rank == 0:
-            mark_checkpoint_complete(self.spec.ckpt_dir, rollout_id)
-            snapshot_events(self.spec.events_dir, iter_dir)
-        return str(iter_dir)
+            complete_checkpoint(self.spec.side_dir.ckpt, rollout_id, self.spec.side_dir.events)

@@ -19,14 +19,15 @@ import ray
 from ftexp.audit.analyzer import raise_on_issues
 from ftexp.audit.events import ControlServerStartedEvent, EventLogger, ProcessIdentity, read_events
 from ftexp.audit.witness import WitnessIdAllocator
-from ftexp.config import TestActionKind
 from ftexp.control.train_cells import ControlPlane
-from ftexp.faults.soak import CONTROL_FILE
+from ftexp.engines.registry import get_engine
+from ftexp.faults.plan import TestActionKind
+from ftexp.job import JobSpec
 from ftexp.trainer.cell_rank import CellRank
-from ftexp.trainer.engine import ranks_per_replica
+from ftexp.trainer.checkpoint import start_event_log
 from ftexp.trainer.group import TrainGroup
+from ftexp.trainer.step import record_step_time
 from ftexp.trainer.store import LoopbackStore
-from ftexp.trainer.side import SideSpec, append_perf, start_event_log
 
 log = logging.getLogger(__name__)
 
@@ -37,18 +38,15 @@ def start_local_ray(num_cpus: int) -> None:
              log_to_driver=True, configure_logging=False)
 
 
-def _group_actions(spec: SideSpec, group: TrainGroup, rollout_id: int) -> None:
-    """``stop_cell_at_end`` / ``start_cell_at_end`` run after the rollout committed (spec §8.1)."""
-    for a in spec.actions:
-        if a.at_rollout != rollout_id:
-            continue
-        cell = a.cell_index if a.cell_index >= 0 else spec.num_cells - 1
-        if a.action == TestActionKind.stop_cell_at_end:
-            log.info("test action: stop cell %d after rollout %d", cell, rollout_id)
-            group.stop_cell(cell)
-        elif a.action == TestActionKind.start_cell_at_end:
-            log.info("test action: start cell %d after rollout %d", cell, rollout_id)
-            group.start_cell(cell)
+def _group_actions(spec: JobSpec, group: TrainGroup, rollout_id: int) -> None:
+    """The plan's ``stop_cell_at_end`` / ``start_cell_at_end`` run after the rollout committed."""
+    for action in spec.plan.group_actions_after(rollout_id):
+        if action.action == TestActionKind.stop_cell_at_end:
+            log.info("test action: stop cell %d after rollout %d", action.cell, rollout_id)
+            group.stop_cell(action.cell)
+        else:
+            log.info("test action: start cell %d after rollout %d", action.cell, rollout_id)
+            group.start_cell(action.cell)
 
 
 class StepWatchdog:
@@ -79,32 +77,32 @@ class StepWatchdog:
                 os._exit(3)
 
 
-def _start_control_plane(spec: SideSpec, group: TrainGroup, events: EventLogger) -> ControlPlane:
+def _start_control_plane(spec: JobSpec, group: TrainGroup, events: EventLogger) -> ControlPlane:
     plane = ControlPlane(group, spec.control)
     port = plane.start()
     group.health = plane
     events.log(ControlServerStartedEvent(host=spec.control.host, port=port))
     # The harness (soak injector) finds the server through this file.
-    (spec.side_dir / CONTROL_FILE).write_text(json.dumps({"base_url": plane.server.base_url, "port": port}))
+    spec.side_dir.control_file.write_text(json.dumps({"base_url": plane.server.base_url, "port": port}))
     return plane
 
 
-def run_ft_driver(spec: SideSpec) -> None:
+def run_ft_driver(spec: JobSpec) -> None:
     witness_counter = start_event_log(spec)
-    events = EventLogger(spec.events_dir, ProcessIdentity(component="main"))
+    events = EventLogger(spec.side_dir.events, ProcessIdentity(component="main"))
     witness = None
     if spec.trainer.witness_on:
         witness = WitnessIdAllocator(spec.trainer.witness_buffer_size)
         witness.resume(witness_counter)
     rollouts = spec.rollout_ids()
-    ranks = ranks_per_replica(spec)
+    ranks = get_engine(spec.trainer.engine).ranks_per_replica(spec.mode)
     start_local_ray(num_cpus=max(2, spec.num_cells * ranks))
     store = LoopbackStore()
     store_addr = store.address
     group = TrainGroup(spec.num_cells, ranks, lambda c, r, inc: CellRank.remote(spec, c, r, store_addr, inc), events,
                        spec.trainer, witness)
     plane = watchdog = None
-    soak = spec.soak if spec.soak is not None and spec.soak.enabled else None
+    soak = spec.soak
     try:
         group.init(load_rollout_id=rollouts.start - 1 if spec.load_dir is not None else None)
         if spec.control is not None and spec.control.enabled:
@@ -112,25 +110,25 @@ def run_ft_driver(spec: SideSpec) -> None:
         if soak is not None:
             watchdog = StepWatchdog(group, soak.step_deadline_s)
         for rollout_id in rollouts:
-            raise_on_issues(read_events(spec.events_dir))  # fail fast on the previous rollout's events
+            raise_on_issues(read_events(spec.side_dir.events))  # fail fast on the previous rollout's events
             if soak is not None:
                 time.sleep(soak.simulated_rollout_s)  # "generation": the window in which faults land
             started = time.monotonic()
             metrics = group.train(rollout_id)
             if watchdog is not None:
                 watchdog.progress()
-            append_perf(spec.side_dir, rollout_id, time.monotonic() - started)
+            record_step_time(spec.side_dir, rollout_id, time.monotonic() - started)
             log.info("target rollout %d committed: loss=%.6f alive=%s", rollout_id, metrics.get("train/loss", float("nan")),
                      group.alive_indices())
             _group_actions(spec, group, rollout_id)
             if spec.should_save(rollout_id):
                 group.execute_first_alive("save", rollout_id)
-        raise_on_issues(read_events(spec.events_dir))
+        raise_on_issues(read_events(spec.side_dir.events))
     finally:
         if watchdog is not None:
             watchdog.stop()
         if plane is not None:
-            (spec.side_dir / CONTROL_FILE).unlink(missing_ok=True)  # tells the harness to stop injecting
+            spec.side_dir.control_file.unlink(missing_ok=True)  # tells the harness to stop injecting
             plane.stop()
         group.shutdown()
         ray.shutdown()

@@ -53,11 +53,11 @@ class ThresholdRule:
         return self.pattern.pattern
 
 
-def _compile(regex: str, what: str) -> re.Pattern[str]:
+def compile_pattern(regex: str, what: str) -> re.Pattern[str]:
     try:
         return re.compile(regex)
     except (re.error, TypeError) as e:
-        raise InputError(f"invalid {what} regex {regex!r}: {e}") from e
+        raise InputError(f"{what}: bad regex {regex!r}: {e}") from e
 
 
 def parse_rules(rules: Sequence[RuleSpec]) -> list[ThresholdRule]:
@@ -69,7 +69,7 @@ def parse_rules(rules: Sequence[RuleSpec]) -> list[ThresholdRule]:
         regex, predicate = rule
         if not isinstance(predicate, Predicate):
             predicate = parse_predicate(predicate)
-        parsed.append(ThresholdRule(_compile(regex, f"threshold rule #{i}"), predicate))
+        parsed.append(ThresholdRule(compile_pattern(regex, f"threshold rule #{i}"), predicate))
     return parsed
 
 
@@ -243,9 +243,9 @@ def compare_dumps(
     comparer = _LeafComparer(
         parsed_rules,
         frozenset(_NEVER_GROUPED) | frozenset(grouping_skip_keys),
-        _compile(exclude_pattern, "exclude") if exclude_pattern is not None else None,
-        _compile(allow_skipped_pattern, "allow-skipped") if allow_skipped_pattern is not None else None,
-        _compile(allow_failed_pattern, "allow-failed") if allow_failed_pattern is not None else None,
+        compile_pattern(exclude_pattern, "threshold.exclude_pattern") if exclude_pattern is not None else None,
+        compile_pattern(allow_skipped_pattern, "threshold.allow_skipped_pattern") if allow_skipped_pattern is not None else None,
+        compile_pattern(allow_failed_pattern, "threshold.allow_failed_pattern") if allow_failed_pattern is not None else None,
     )
     roots = {}
     for side, root in (("baseline", baseline_root), ("target", target_root)):

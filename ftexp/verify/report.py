@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from ftexp.rundir import REPORT_JSON, REPORT_MD
+
 _MAX_TABLE_ROWS = 50
 _MAX_PLOTTED_KEYS = 6
 
@@ -85,7 +87,7 @@ def write_report(run_dir: str | Path, verdict: Verdict, extra: dict[str, Any] | 
     """Write ``report.json`` and ``report.md`` into ``run_dir``; returns their paths."""
     run_dir = Path(run_dir)
     payload = {**verdict.to_dict(), "extra": extra or {}}
-    json_path, md_path = run_dir / "report.json", run_dir / "report.md"
+    json_path, md_path = run_dir / REPORT_JSON, run_dir / REPORT_MD
     json_text = json.dumps(json_safe(payload), indent=2, allow_nan=False, default=str) + "\n"
     md_text = render_markdown(verdict, extra or {})
     _atomic_write(json_path, lambda tmp: tmp.write_text(json_text))

@@ -3,8 +3,8 @@
 import pytest
 
 from ftexp.audit.analyzer import (EventAnalysisError, analyze, cross_replica_weight_checksum,
-                                  inference_engine_weight_checksum_consistency, raise_on_issues, witness)
-from ftexp.audit.events import (EventLogger, InferenceEngineWeightChecksumEvent, ProcessIdentity,
+                                  raise_on_issues, witness)
+from ftexp.audit.events import (EventLogger, ProcessIdentity,
                                 TrainAdvantageComputationEvent, TrainEngineLocalWeightChecksumEvent,
                                 TrainGroupStepEndEvent, WitnessAllocateIdEvent, WitnessSnapshotParamEvent, read_events)
 
@@ -211,20 +211,3 @@ def test_cross_replica_checksums_must_agree_per_rollout_and_attempt():
     assert cross_replica_weight_checksum([checksum(0, 0, 0), checksum(1, 0, 0), checksum(1, 1, 0, "z")]) == []
     [issue] = cross_replica_weight_checksum([checksum(0, 0, 0), checksum(1, 0, 0, exp_avg="c")])
     assert issue.rule == "cross_replica_weight_checksum" and "optimizer_hashes.w.exp_avg" in issue.description
-
-
-# ---- inference_engine_weight_checksum_consistency -------------------------------------------------
-def engines(rollout_id, *checksums):
-    return InferenceEngineWeightChecksumEvent(rollout_id=rollout_id, engine_checksums=list(checksums))
-
-
-def test_engines_must_hold_the_same_weights():
-    rule = inference_engine_weight_checksum_consistency
-    assert rule([engines(0, {"w": "a"})]) == []  # a single engine has nothing to agree with
-    assert rule([engines(0, {"w": "a", "v": "b"}, {"w": "a", "v": "b"}, {"w": "a", "v": "b"})]) == []
-    [issue] = rule([engines(3, {"w": "a"}, {"w": "a"}, {"w": "x"})])
-    assert issue.rule == "inference_engine_weight_checksum_consistency" and issue.rollout_id == 3
-    assert "rollout_3/engine_0 and rollout_3/engine_2" in issue.description and "'w'" in issue.description
-    [issue] = rule([engines(None, {"w": "a", "v": "b"}, {"w": "a"})])  # a missing tensor differs too
-    assert "rollout_None/engine_1" in issue.description and "'v'" in issue.description
-    assert analyze([engines(1, {"w": "a"}, {"w": "b"})])[0].rule == "inference_engine_weight_checksum_consistency"

@@ -14,7 +14,7 @@ from typing import Callable
 from ftexp.control.api_models import TriState
 from ftexp.control.registry import CellRegistry, CellSnapshot, NotSupported, compute_cell_status
 from ftexp.control.server import ControlServer
-from ftexp.faults.failure_modes import FailureMode
+from ftexp.control.failure_modes import FailureMode
 
 
 class ScriptedCell:

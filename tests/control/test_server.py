@@ -7,7 +7,7 @@ from ftexp.control.api_models import TriState
 from ftexp.control.registry import CellRegistry, compute_cell_status
 from ftexp.control.server import ControlServer
 from ftexp.errors import InputError
-from ftexp.faults.failure_modes import FailureMode
+from ftexp.control.failure_modes import FailureMode
 
 from .scripted_cells import ScriptedCell, serve
 

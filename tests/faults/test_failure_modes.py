@@ -9,11 +9,11 @@ import time
 
 import pytest
 
-from ftexp.faults.failure_modes import FailureMode, inject_fault
+from ftexp.control.failure_modes import FailureMode, inject_fault
 
 CHILD = """
 import sys, threading, time
-from ftexp.faults.failure_modes import inject_fault
+from ftexp.control.failure_modes import inject_fault
 
 def heartbeat():
     while True:

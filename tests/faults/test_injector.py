@@ -9,7 +9,7 @@ from ftexp.control.api_models import Cell, TriState
 from ftexp.control.clock import FakeClock
 from ftexp.control.registry import compute_cell_status
 from ftexp.errors import InputError
-from ftexp.faults.failure_modes import FailureMode
+from ftexp.control.failure_modes import FailureMode
 from ftexp.faults.injector import DEFAULT_MODES, GateState, RandomInjector, RecoveryGate
 
 from control.scripted_cells import ScriptedCell, serve

@@ -1,1 +1,57 @@
-"""megatron-core engine: tiny GPT models with TP/PP/CP/EP, runnable on CPU with gloo (see cpu_compat)."""
+"""The megatron-core engine: GPT models with TP/SP/PP/CP/EP, runnable on CPU with gloo (see cpu_compat).
+
+A replica is ``tp·pp·cp`` ranks with their own torch.distributed world. Importing this package
+does not import megatron-core: the descriptor below only reads the presets, so the config can be
+validated without it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ftexp.config import ModeConfig, TrainerConfig
+from ftexp.engines.megatron.presets import PRESETS
+from ftexp.errors import InputError
+
+if TYPE_CHECKING:
+    from ftexp.engines.base import Replica
+
+
+class MegatronEngine:
+    name = "megatron"
+    witness_by_default = False  # no witness embeddings in the megatron model yet
+    needs_process_world = True
+    preload_modules = ("ftexp.engines.megatron.replica", "ftexp.engines.megatron.model")
+
+    def ranks_per_replica(self, mode: ModeConfig) -> int:
+        return mode.ranks_per_cell
+
+    def validate(self, mode: ModeConfig, trainer: TrainerConfig) -> None:
+        """What megatron-core would assert on deep inside every rank, said once up front."""
+        preset = PRESETS.get(mode.model_preset)
+        if preset is None:
+            raise InputError(f"mode {mode.name}: unknown model_preset {mode.model_preset!r} (presets: {', '.join(PRESETS)})")
+        if preset.num_attention_heads % mode.tp or preset.num_query_groups % mode.tp:
+            raise InputError(f"mode {mode.name}: tp={mode.tp} must divide the preset's {preset.num_attention_heads} heads "
+                             f"and {preset.num_query_groups} query groups")
+        if mode.ep > 1 and (not preset.num_experts or preset.num_experts % mode.ep):
+            raise InputError(f"mode {mode.name}: ep={mode.ep} must divide the preset's experts ({preset.num_experts or 0})")
+        if mode.ep > 1 and mode.ranks_per_cell % (mode.ep * mode.etp * mode.pp):
+            raise InputError(f"mode {mode.name}: ep·etp·pp = {mode.ep * mode.etp * mode.pp} must divide the "
+                             f"{mode.ranks_per_cell} ranks of a cell")
+        if preset.num_experts and mode.tp > 1 and not mode.sequence_parallel:
+            raise InputError(f"mode {mode.name}: megatron-core needs sequence_parallel=true for MoE with tp > 1")
+        if mode.pp > preset.num_layers:
+            raise InputError(f"mode {mode.name}: pp={mode.pp} exceeds the preset's {preset.num_layers} layers")
+        if trainer.enable_witness:  # explicitly on; unset means off for this engine
+            raise InputError("the megatron engine has no witness parameters yet: set trainer.enable_witness=false")
+        if trainer.megatron.micro_batch_size < 1:
+            raise InputError("trainer.megatron.micro_batch_size must be >= 1")
+
+    def build_replica(self, trainer: TrainerConfig, mode: ModeConfig, *, seed: int, deterministic: bool) -> Replica:
+        from ftexp.engines.megatron.replica import MegatronReplica  # megatron-core, only in the ranks
+
+        return MegatronReplica(trainer, mode, seed=seed, deterministic=deterministic)
+
+
+ENGINE = MegatronEngine()

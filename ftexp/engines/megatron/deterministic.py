@@ -4,7 +4,7 @@ Megatron's DDP scales each gradient bucket by 1/(dp·cp) and SUM-all-reduces it 
 data-parallel(×CP) group; gloo's ring adds the ranks in an order that depends on the group size.
 The baseline reduces over dp·cp ranks in one go, a cell over its cp ranks and then across cells,
 so the two agree only to rounding. With this patch the bucket all-reduce is an all-gather plus
-the fixed fold of ``ftexp.trainer.collectives.tree_fold``: the baseline's group of ranks
+the fixed fold of ``ftexp.engines.collectives.tree_fold``: the baseline's group of ranks
 (dp0·cp0, dp0·cp1, dp1·cp0, dp1·cp1) folds as ((a + b) + (c + d)), exactly what a cell's CP
 fold followed by the cross-cell fold computes — bit for bit, since the 1/(dp·cp) scalings are
 powers of two.
@@ -20,7 +20,7 @@ import types
 import torch
 import torch.distributed as dist
 
-from ftexp.trainer.collectives import tree_fold
+from ftexp.engines.collectives import tree_fold
 
 
 def _fixed_order_all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):

@@ -30,25 +30,17 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from ftexp.audit.checksums import hash_tree, tensor_hash
 from ftexp.audit.dumps import remove_dumps_at, write_dump
-from ftexp.trainer.collectives import sum_across
-from ftexp.trainer.grpo import PAD_TOKEN, TrainBatch
-from ftexp.trainer.replica import CLIP_GRAD, STAT_KEYS, rng_state, set_rng_state, step_metrics, tensor_sha256
+from ftexp.engines.base import CLIP_GRAD, STAT_KEYS, rng_state, seed_rngs, set_rng_state, step_metrics
+from ftexp.engines.collectives import sum_across
+from ftexp.engines.grpo import PAD_TOKEN, TrainBatch, ppo_clip
 
 
 def _mp():
     from megatron.core import parallel_state
 
     return parallel_state
-
-
-def layout_of(mode):
-    """The megatron Layout of a mode (``ftexp.config.ModeConfig``)."""
-    from ftexp.engines.megatron.model import Layout
-
-    return Layout(tp=mode.tp, pp=mode.pp, cp=mode.cp, ep=mode.ep, expert_tp=mode.etp,
-                  sequence_parallel=mode.sequence_parallel, first_stage_layers=mode.decoder_first_pipeline_num_layers,
-                  last_stage_layers=mode.decoder_last_pipeline_num_layers)
 
 
 def pad_to(length: int, multiple: int) -> int:
@@ -60,12 +52,13 @@ class MegatronReplica:
 
     dp_reduced_internally = True
 
-    def __init__(self, trainer_cfg, layout, preset: str, seed: int, deterministic: bool = False):
+    def __init__(self, trainer_cfg, mode, seed: int, deterministic: bool = False):
+        """``mode`` (``ftexp.config.ModeConfig``): the replica's parallel layout and ``model_preset``."""
         from ftexp.engines.megatron import model as mg
 
-        self.cfg, self.layout, self.deterministic = trainer_cfg, layout, deterministic
+        self.cfg, self.mode, self.deterministic = trainer_cfg, mode, deterministic
         # The init seed is the model's (same weights in every run); the run seed drives the RNGs after.
-        module = mg.build_gpt(preset, layout, seed=trainer_cfg.model.seed)
+        module = mg.build_gpt(mode.model_preset, mode, seed=trainer_cfg.model.seed)
         if deterministic:  # after build_gpt: its CPU patches rebind the same module globals
             from ftexp.engines.megatron.deterministic import use_fixed_order_grad_reduce
 
@@ -151,7 +144,7 @@ class MegatronReplica:
         """
         tokens = batch.tokens
         rows, width = tokens.shape
-        multiple = 2 * self.layout.cp * (self.layout.tp if self.layout.sequence_parallel else 1)
+        multiple = 2 * self.mode.cp * (self.mode.tp if self.mode.sequence_parallel else 1)
         seq_len = pad_to(width - 1, multiple)
         count = -(-rows // self.micro_batch)
         total = count * self.micro_batch

@@ -1,9 +1,11 @@
 """Train one Megatron layout on N gloo ranks (127.0.0.1) and collect what a comparison needs.
 
-Each spawned rank builds its shard, optionally loads an unsplit model's weights, trains a few
-optimizer steps on its data-parallel share of a fixed global batch, and saves its losses, reduced
-grads (before each step) and weights (after each step) keyed by global parameter name, plus its
-step times and peak RSS. `run_layout` reassembles the TP shards into full tensors.
+A layout is a ``ftexp.config.ModeConfig`` (its tp, pp, cp, ep, etp, sequence_parallel and
+pipeline split; the rest of the world is data parallel). Each spawned rank builds its shard,
+optionally loads an unsplit model's weights, trains a few optimizer steps on its data-parallel
+share of a fixed global batch (`megatron_training`), and saves its losses, reduced grads (before
+each step) and weights (after each step) keyed by global parameter name, plus its step times and
+peak RSS. `run_layout` reassembles the TP shards into full tensors.
 
 Also a command line for measurements:
     python tests/engines/megatron/megatron_harness.py tiny_dense '{"tp": 2}' --world 2 --steps 10
@@ -55,34 +57,36 @@ def _quiet_expected_warnings():
     warnings.filterwarnings("ignore", category=FutureWarning, message="`torch.distributed.")
 
 
-def _worker(rank, world, port, preset, layout, steps, out_dir, init_path, distributed_optimizer):
+def _worker(rank, world, port, preset, mode, steps, out_dir, init_path, distributed_optimizer):
     _quiet_expected_warnings()
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # keep gloo's data connections on loopback
     torch.set_num_threads(1)  # N ranks share few cores; more threads only oversubscribe them
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     from megatron.core import parallel_state
 
+    import megatron_training as mt
+
     from ftexp.engines.megatron import model as mg
 
-    model = mg.build_gpt(preset, layout)
+    model = mg.build_gpt(preset, mode)
     if init_path is not None:
-        mg.load_full_state(model, torch.load(init_path))
-    initial = mg.local_shards(model)
+        mt.load_full_state(model, torch.load(init_path))
+    initial = mt.local_shards(model)
     ddp_model, optimizer = mg.wrap_for_training(model, adam_eps=ADAM_EPS, distributed_optimizer=distributed_optimizer)
 
     dp_size, dp_rank = parallel_state.get_data_parallel_world_size(), parallel_state.get_data_parallel_rank()
-    microbatches = mg.synthetic_microbatches(preset, GLOBAL_MICROBATCHES, seed=DATA_SEED)[dp_rank::dp_size]
+    microbatches = mt.synthetic_microbatches(preset, GLOBAL_MICROBATCHES, seed=DATA_SEED)[dp_rank::dp_size]
     losses, grads, weights, seconds = [], [], [], []
 
     def record_grads(m):
-        grads.append(mg.local_shards(m, grads=True))
+        grads.append(mt.local_shards(m, grads=True))
 
     for _ in range(steps):
         start = time.perf_counter()
         on_grads = None if distributed_optimizer else record_grads  # see run_layout
-        losses.append(mg.train_step(ddp_model, optimizer, microbatches, on_grads=on_grads).loss)
+        losses.append(mt.train_step(ddp_model, optimizer, microbatches, on_grads=on_grads).loss)
         seconds.append(time.perf_counter() - start)
-        weights.append(mg.local_shards(ddp_model))
+        weights.append(mt.local_shards(ddp_model))
     peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     torch.save(
         dict(initial=initial, losses=losses, grads=grads, weights=weights, seconds=seconds, peak_rss_mb=peak_rss_mb),
@@ -93,7 +97,7 @@ def _worker(rank, world, port, preset, layout, steps, out_dir, init_path, distri
 
 def _assemble(per_rank: list[dict]) -> dict[str, torch.Tensor]:
     """Full tensors from every rank's shards; replicas of one shard must agree."""
-    from ftexp.engines.megatron.model import assemble_full
+    from megatron_training import assemble_full
 
     collected: dict[str, dict[int, tuple]] = {}
     for shards in per_rank:
@@ -105,12 +109,12 @@ def _assemble(per_rank: list[dict]) -> dict[str, torch.Tensor]:
 
 
 def run_layout(
-    preset: str, layout, world: int, steps: int, out_dir: Path, init_state: Path | None = None,
+    preset: str, mode, world: int, steps: int, out_dir: Path, init_state: Path | None = None,
     distributed_optimizer: bool = False,
 ) -> LayoutRun:
-    """Spawn `world` ranks for `layout`; with `init_state`, start from those full weights."""
+    """Spawn `world` ranks for `mode`'s layout; with `init_state`, start from those full weights."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    args = (world, _free_port(), preset, layout, steps, str(out_dir), init_state, distributed_optimizer)
+    args = (world, _free_port(), preset, mode, steps, str(out_dir), init_state, distributed_optimizer)
     mp.spawn(_worker, args=args, nprocs=world)
     ranks = [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(world)]
     if init_state is None:
@@ -130,17 +134,18 @@ def _main(argv):
     import argparse
     import tempfile
 
-    from ftexp.engines.megatron.model import Layout
+    from ftexp.config import ModeConfig
 
     parser = argparse.ArgumentParser(description="time one layout")
     parser.add_argument("preset")
-    parser.add_argument("layout", help='JSON Layout fields, e.g. {"tp": 2, "sequence_parallel": true}')
+    parser.add_argument("layout", help='JSON ModeConfig fields, e.g. {"tp": 2, "sequence_parallel": true}')
     parser.add_argument("--world", type=int, default=2)
     parser.add_argument("--steps", type=int, default=10)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()
-        run = run_layout(args.preset, Layout(**json.loads(args.layout)), args.world, args.steps, Path(tmp))
+        mode = ModeConfig(**{"name": "cli", "num_cells": 1, **json.loads(args.layout)})
+        run = run_layout(args.preset, mode, args.world, args.steps, Path(tmp))
         total = time.perf_counter() - start
     steady = [sorted(s[1:])[len(s[1:]) // 2] for s in run.step_seconds]  # median, first step excluded
     print(json.dumps(dict(

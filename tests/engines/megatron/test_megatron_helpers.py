@@ -1,15 +1,12 @@
 """Fast checks of the Megatron engine's pure helpers and the CPU patch layer (no process groups)."""
 
+import megatron.core
 import pytest
+import torch
+from megatron_training import ShardInfo, assemble_full, shard_of
 
-pytest.importorskip("megatron.core", reason="megatron-core==0.16.1 is not installed")
-
-import megatron.core  # noqa: E402
-import torch  # noqa: E402
-
-from ftexp.engines.megatron import cpu_compat  # noqa: E402
-from ftexp.engines.megatron.cp_attention import chunk_order, local_positions  # noqa: E402
-from ftexp.engines.megatron.model import ShardInfo, assemble_full, shard_of  # noqa: E402
+from ftexp.engines.megatron import cpu_compat
+from ftexp.engines.megatron.cp_attention import chunk_order, local_positions
 
 
 @pytest.mark.parametrize("stride", [1, 2])

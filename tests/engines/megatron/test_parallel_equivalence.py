@@ -6,13 +6,10 @@ those weights and must match all three, per step, to float32 rounding.
 """
 
 import pytest
+import torch
+from megatron_harness import run_layout
 
-pytest.importorskip("megatron.core", reason="megatron-core==0.16.1 is not installed")
-
-import torch  # noqa: E402
-from megatron_harness import run_layout  # noqa: E402
-
-from ftexp.engines.megatron.model import Layout  # noqa: E402
+from ftexp.config import ModeConfig
 
 STEPS = 3
 RTOL, ATOL = 1e-4, 1e-5
@@ -26,7 +23,8 @@ def reference(tmp_path_factory):
     def get(preset):
         if preset not in runs:
             out = tmp_path_factory.mktemp(f"{preset}_reference")
-            runs[preset] = (run_layout(preset, Layout(), world=1, steps=STEPS, out_dir=out), out / "initial.pt")
+            single = ModeConfig(name="single", num_cells=1)
+            runs[preset] = (run_layout(preset, single, world=1, steps=STEPS, out_dir=out), out / "initial.pt")
         return runs[preset]
 
     return get
@@ -47,25 +45,30 @@ def assert_same_training(run, ref):
 
 
 DENSE, MOE = "tiny_dense", "tiny_moe_5layer"
-LAYOUTS = [  # preset, layout, ranks, distributed optimizer
-    pytest.param(DENSE, Layout(tp=2), 2, False, id="tp2"),
-    pytest.param(DENSE, Layout(tp=2, sequence_parallel=True), 2, False, id="tp2_sp"),
-    pytest.param(DENSE, Layout(cp=2), 2, False, id="cp2"),
-    pytest.param(DENSE, Layout(pp=2, first_stage_layers=3, last_stage_layers=1), 2, False, id="pp2_uneven"),
-    pytest.param(MOE, Layout(ep=2), 2, False, id="ep2_moe"),  # experts split, dense part DP2
-    pytest.param(MOE, Layout(ep=2), 2, True, id="ep2_moe_distopt"),  # DP2 shards the optimizer
+LAYOUTS = [  # preset, mode, ranks, distributed optimizer
+    pytest.param(DENSE, ModeConfig(name="tp2", num_cells=1, tp=2), 2, False, id="tp2"),
+    pytest.param(DENSE, ModeConfig(name="tp2_sp", num_cells=1, tp=2, sequence_parallel=True), 2, False, id="tp2_sp"),
+    pytest.param(DENSE, ModeConfig(name="cp2", num_cells=1, cp=2), 2, False, id="cp2"),
+    pytest.param(DENSE, ModeConfig(name="pp2_uneven", num_cells=1, pp=2, decoder_first_pipeline_num_layers=3,
+                                   decoder_last_pipeline_num_layers=1), 2, False, id="pp2_uneven"),
+    # experts split, dense part DP2
+    pytest.param(MOE, ModeConfig(name="ep2_moe", num_cells=2, ep=2), 2, False, id="ep2_moe"),
+    # DP2 shards the optimizer
+    pytest.param(MOE, ModeConfig(name="ep2_moe_distopt", num_cells=2, ep=2), 2, True, id="ep2_moe_distopt"),
     # The spec's multi-axis modes without their DP axis (4 ranks at most on this machine):
-    pytest.param(MOE, Layout(tp=2, cp=2, ep=2, sequence_parallel=True), 4, False, id="tp2_cp2_ep2_sp_moe"),
-    pytest.param(MOE, Layout(pp=2, cp=2, first_stage_layers=3, last_stage_layers=2), 4, False, id="pp2_cp2_moe"),
+    pytest.param(MOE, ModeConfig(name="tp2_cp2_ep2_sp_moe", num_cells=1, tp=2, cp=2, ep=2, sequence_parallel=True),
+                 4, False, id="tp2_cp2_ep2_sp_moe"),
+    pytest.param(MOE, ModeConfig(name="pp2_cp2_moe", num_cells=1, pp=2, cp=2, decoder_first_pipeline_num_layers=3,
+                                 decoder_last_pipeline_num_layers=2), 4, False, id="pp2_cp2_moe"),
 ]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("preset, layout, world, distributed_optimizer", LAYOUTS)
-def test_layout_matches_single_rank(preset, layout, world, distributed_optimizer, reference, tmp_path):
+@pytest.mark.parametrize("preset, mode, world, distributed_optimizer", LAYOUTS)
+def test_layout_matches_single_rank(preset, mode, world, distributed_optimizer, reference, tmp_path):
     ref, initial = reference(preset)
     run = run_layout(
-        preset, layout, world=world, steps=STEPS, out_dir=tmp_path, init_state=initial,
+        preset, mode, world=world, steps=STEPS, out_dir=tmp_path, init_state=initial,
         distributed_optimizer=distributed_optimizer,
     )
     assert_same_training(run, ref)

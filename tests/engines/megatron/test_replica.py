@@ -6,11 +6,8 @@ aux loss is part of that gradient. State dicts round-trip through the heal codec
 """
 
 import pytest
-
-pytest.importorskip("megatron.core", reason="megatron-core==0.16.1 is not installed")
-
-import torch  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
+import torch
+import torch.multiprocessing as mp
 
 SAMPLES = 16
 
@@ -18,12 +15,12 @@ SAMPLES = 16
 def _worker(rank, out_path, port):
     import torch.distributed as dist
 
-    from ftexp.config import Engine, MegatronConfig, ModeConfig, TrainerConfig
-    from ftexp.engines.megatron.replica import MegatronReplica, layout_of
+    from ftexp.config import Engine, MegatronConfig, ModeConfig, ModelConfig, RolloutConfig, TrainerConfig
+    from ftexp.engines.grpo import make_train_batch, strided_shard
+    from ftexp.engines.megatron.replica import MegatronReplica
+    from ftexp.engines.torch.model import build_model
+    from ftexp.rollout.recorded import generate_rollout
     from ftexp.trainer import transfer
-    from ftexp.trainer.grpo import make_train_batch, strided_shard
-    from ftexp.trainer.model import ModelConfig, build_model
-    from ftexp.trainer.rollout_data import RolloutConfig, generate_rollout
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
@@ -31,7 +28,7 @@ def _worker(rank, out_path, port):
                         megatron=MegatronConfig(micro_batch_size=4))
     mode = ModeConfig(name="one_rank", num_cells=1, model_preset="tiny_moe_5layer", engines=[Engine.megatron])
     rollout = generate_rollout(build_model(ModelConfig()), 0, cfg.rollout)
-    replica = MegatronReplica(cfg, layout_of(mode), mode.model_preset, seed=1)
+    replica = MegatronReplica(cfg, mode, seed=1)
 
     def grads(indices, num_shards, micro_batch):
         """[grads, stats] as this shard hands them to the reduce across cells."""
@@ -50,11 +47,11 @@ def _worker(rank, out_path, port):
     }
     replica.optimizer_step(0)
     replica.zero_grad()
-    healed = MegatronReplica(cfg, layout_of(mode), mode.model_preset, seed=2)
+    healed = MegatronReplica(cfg, mode, seed=2)
     meta, storages = transfer.encode(replica.state_dict())
     healed.load_state_dict(transfer.decode(meta, [s.clone() for s in storages]))
     out["source_checksums"], out["healed_checksums"] = replica.checksums(), healed.checksums()
-    out["fresh_checksums"] = MegatronReplica(cfg, layout_of(mode), mode.model_preset, seed=1).checksums()
+    out["fresh_checksums"] = MegatronReplica(cfg, mode, seed=1).checksums()
     torch.save(out, out_path)
     dist.destroy_process_group()
 

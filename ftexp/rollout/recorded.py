@@ -14,24 +14,14 @@ import dataclasses
 import hashlib
 import os
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ftexp.config import RolloutConfig
+from ftexp.engines.torch.model import TinyGPT, token_log_probs
 from ftexp.errors import InputError
-from ftexp.trainer.model import TinyGPT, token_log_probs
-
-
-@dataclass
-class RolloutConfig:
-    rollout_batch_size: int = 32  # prompts per rollout
-    n_samples_per_prompt: int = 8
-    prompt_len: int = 8
-    response_len: int = 16
-    temperature: float = 1.0
-    seed: int = 1234
 
 
 def deterministic_random_reward(tokens: list[int], response: list[int]) -> float:
@@ -39,10 +29,6 @@ def deterministic_random_reward(tokens: list[int], response: list[int]) -> float
     # sha256 rather than hash(): Python's string hash is salted per process.
     digest = hashlib.sha256((str(tokens) + str(response)).encode("utf-8")).digest()
     return float(digest[0] % 2)
-
-
-def rollout_path(data_dir: str | Path, rollout_id: int) -> Path:
-    return Path(data_dir) / f"{rollout_id}.pt"
 
 
 def _rollout_generator(seed: int, rollout_id: int) -> torch.Generator:

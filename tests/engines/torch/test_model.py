@@ -1,6 +1,7 @@
 import torch
 
-from ftexp.trainer.model import ModelConfig, build_model, token_log_probs
+from ftexp.config import ModelConfig
+from ftexp.engines.torch.model import build_model, token_log_probs
 
 
 def test_forward_shape_and_parameter_names():

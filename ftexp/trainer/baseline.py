@@ -23,43 +23,45 @@ import time
 import torch
 import torch.distributed as dist
 
-from ftexp.audit.events import EventLogger, MetricEvent, ProcessIdentity
+from ftexp.audit.events import EventLogger, ProcessIdentity
 from ftexp.audit.witness import WitnessIdAllocator, allocation_event
-from ftexp.config import Engine
-from ftexp.trainer.collectives import sum_across
-from ftexp.trainer.engine import build_replica, ranks_per_replica
-from ftexp.trainer.replica import load_checkpoint, mark_checkpoint_complete, save_checkpoint, train_step
-from ftexp.trainer.rollout_data import load_rollout, rollout_path
+from ftexp.engines.collectives import sum_across
+from ftexp.engines.registry import get_engine
+from ftexp.job import JobSpec
+from ftexp.rollout.recorded import load_rollout
+from ftexp.rundir import rollout_path
+from ftexp.trainer.checkpoint import complete_checkpoint, load_rank_state, save_rank_state, start_event_log
+from ftexp.trainer.step import record_metrics, record_step_time, train_step
 from ftexp.trainer.store import LoopbackStore
-from ftexp.trainer.side import SideSpec, append_metrics, append_perf, snapshot_events, start_event_log
 
 log = logging.getLogger(__name__)
 
 
-def _rank_main(spec: SideSpec, rank: int, world_size: int, store_port: int, witness_counter: int) -> None:
+def _rank_main(spec: JobSpec, rank: int, world_size: int, store_port: int, witness_counter: int) -> None:
     torch.set_num_threads(spec.trainer.threads_per_rank)
     torch.use_deterministic_algorithms(spec.deterministic)
     store = dist.TCPStore("127.0.0.1", store_port, is_master=False, timeout=dt.timedelta(seconds=60))
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
-                            timeout=dt.timedelta(seconds=spec.trainer.megatron.cell_timeout_s))
-    events = EventLogger(spec.events_dir, ProcessIdentity(component="dp", rank_within_cell=rank))
-    replica = build_replica(spec)
-    dp_rank, dp_size = replica.data_parallel if replica.dp_reduced_internally else (rank, world_size)
+                            timeout=dt.timedelta(seconds=spec.trainer.world_timeout_s))
+    events = EventLogger(spec.side_dir.events, ProcessIdentity(component="dp", rank_within_cell=rank))
+    replica = get_engine(spec.trainer.engine).build_replica(spec.trainer, spec.mode, seed=spec.seed,
+                                                              deterministic=spec.deterministic)
+    dp_rank, dp_size = replica.data_parallel
     if spec.load_dir is not None:
-        replica.load_state_dict(load_checkpoint(spec.load_dir, spec.start_rollout_id() - 1, replica.coords))
+        replica.load_state_dict(load_rank_state(spec.load_dir, spec.start_rollout_id() - 1, replica.coords))
     allocator = None
     if spec.trainer.witness_on:
         allocator = WitnessIdAllocator(spec.trainer.witness_buffer_size)
         allocator.resume(witness_counter)
 
     def reduce(flat: torch.Tensor) -> bool:
-        if not replica.dp_reduced_internally:
+        if not replica.reduces_data_parallel:
             sum_across(None, flat, world_size=world_size, deterministic=spec.deterministic, torchft=False)
         return True
 
     for rollout_id in spec.rollout_ids():
         rollout = load_rollout(rollout_path(spec.data_dir, rollout_id), expected_rollout_id=rollout_id)
-        dump = (lambda: replica.dump(spec.dump_leaf(rollout_id))) if dp_rank == 0 else (lambda: None)
+        dump = (lambda: replica.dump(spec.side_dir.dump_leaf(rollout_id))) if dp_rank == 0 else (lambda: None)
         started = time.monotonic()
         witness = allocator.allocate(len(rollout["samples"])) if allocator is not None else None
         if witness is not None and rank == 0:
@@ -67,38 +69,35 @@ def _rank_main(spec: SideSpec, rank: int, world_size: int, store_port: int, witn
         _, metrics = train_step(replica, rollout, rollout_id, 0, shard_rank=dp_rank, shard_size=dp_size,
                                 witness=witness, events=events, reduce=reduce, on_commit=dump)
         if dp_rank == 0 and spec.should_save(rollout_id):
-            save_checkpoint(replica, spec.ckpt_dir, rollout_id)
+            save_rank_state(replica, spec.side_dir.ckpt, rollout_id)
         dist.barrier()  # every rank's checkpoint file is written before rank 0 declares it complete
         if rank == 0:
-            append_perf(spec.side_dir, rollout_id, time.monotonic() - started)
-            append_metrics(spec.side_dir, rollout_id, 0, metrics)
-            events.log(MetricEvent(rollout_id=rollout_id, attempt=0, metrics=metrics))
+            record_step_time(spec.side_dir, rollout_id, time.monotonic() - started)
+            record_metrics(spec.side_dir, events, rollout_id, 0, metrics)
             log.info("baseline rollout %d committed: loss=%.6f", rollout_id, metrics["train/loss"])
             if spec.should_save(rollout_id):
-                mark_checkpoint_complete(spec.ckpt_dir, rollout_id)
-                snapshot_events(spec.events_dir, spec.ckpt_dir / f"iter_{rollout_id:07d}")
+                complete_checkpoint(spec.side_dir.ckpt, rollout_id, spec.side_dir.events)
         dist.barrier()
     dist.destroy_process_group()
 
 
-def _rank_entry(spec: SideSpec, rank: int, world_size: int, store_port: int, witness_counter: int) -> None:
+def _rank_entry(spec: JobSpec, rank: int, world_size: int, store_port: int, witness_counter: int) -> None:
     logging.basicConfig(level=logging.INFO, stream=sys.stdout,
                         format=f"[%(asctime)s] dp_rank{rank} %(name)s: %(message)s", datefmt="%H:%M:%S")
     _rank_main(spec, rank, world_size, store_port, witness_counter)
 
 
-def run_plain_dp(spec: SideSpec) -> None:
+def run_baseline(spec: JobSpec) -> None:
     """Run the baseline side to completion; raise if any rank fails."""
     witness_counter = start_event_log(spec)
     store = LoopbackStore()
     # Ranks fork from a server that imported the trainer (and megatron-core) once: 8 fresh
     # imports of megatron cost ~50 CPU-seconds on 2 cores. The server forks before any rank
     # creates threads or process groups, so each rank still starts clean.
+    engine = get_engine(spec.trainer.engine)
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["ftexp.trainer.plain_dp"]
-                               + (["ftexp.engines.megatron.replica", "ftexp.engines.megatron.model"]
-                                  if spec.trainer.engine == Engine.megatron else []))
-    world_size = spec.num_cells * ranks_per_replica(spec)
+    ctx.set_forkserver_preload([__name__, *engine.preload_modules])
+    world_size = spec.num_cells * engine.ranks_per_replica(spec.mode)
     procs = [ctx.Process(target=_rank_entry, args=(spec, r, world_size, store.port, witness_counter), name=f"dp_rank{r}")
              for r in range(world_size)]
     for p in procs:

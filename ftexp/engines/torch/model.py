@@ -5,36 +5,21 @@ weights and compute the same bits, so the model is deliberately plain: pre-Layer
 explicit softmax attention (no SDPA/flash kernels, whose backends may pick different
 algorithms), no dropout, and an init drawn from a local generator seeded by the config, so
 that building the model neither depends on nor disturbs the global RNG. The trainers build it with
-two witnesses (``witness_module.py``), which change no bit of the policy's forward or gradients.
+two witnesses (``witness.py``), which change no bit of the policy's forward or gradients.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ftexp.config import ModelConfig
 from ftexp.errors import InputError
-from ftexp.trainer.witness_module import Witness
+from ftexp.engines.torch.witness import Witness
 
 INIT_STD = 0.02
-
-
-@dataclass
-class ModelConfig:
-    vocab_size: int = 64
-    d_model: int = 32
-    n_layers: int = 2
-    n_heads: int = 2
-    max_seq_len: int = 48
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.d_model % self.n_heads:
-            raise InputError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
 
 
 class CausalSelfAttention(nn.Module):

@@ -2,9 +2,11 @@ import pytest
 import torch
 
 from ftexp.errors import InputError
-from ftexp.trainer.grpo import group_advantages, grpo_loss, make_train_batch, strided_shard
-from ftexp.trainer.model import ModelConfig, build_model
-from ftexp.trainer.rollout_data import RolloutConfig, generate_rollout
+from ftexp.config import ModelConfig, RolloutConfig
+from ftexp.engines.grpo import group_advantages, make_train_batch, strided_shard
+from ftexp.engines.torch.loss import grpo_loss
+from ftexp.engines.torch.model import build_model
+from ftexp.rollout.recorded import generate_rollout
 
 NUM_SAMPLES = 256
 

@@ -8,7 +8,7 @@ stops positive and negative gradients from cancelling out). A row therefore rece
 iff its sample contributed to the loss, and Adam turns that into a non-zero weight that stays
 non-zero. A zero-advantage sample has zero gradient everywhere, so its row stays exactly 0.
 
-Two instances sit in the model (spec §11.2): ``local_head_witness`` after the embeddings and
+Two instances sit in the model: ``local_head_witness`` after the embeddings and
 ``local_tail_witness`` after the final norm, before the output layer. They are ordinary parameters — they travel in heals and checkpoints and
 are part of the weight checksums — but they are kept out of gradient clipping, so they cannot
 change the clipping factor, and out of the tensor dumps.

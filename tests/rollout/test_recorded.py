@@ -1,11 +1,11 @@
 import pytest
 import torch
 
+from ftexp.config import ModelConfig, RolloutConfig
+from ftexp.engines.torch.model import build_model
 from ftexp.errors import InputError
-from ftexp.trainer.model import ModelConfig, build_model
-from ftexp.trainer.rollout_data import (RolloutConfig, deterministic_random_reward,
-                                        generate_rollout, load_rollout, rollout_path,
-                                        save_rollout)
+from ftexp.rollout.recorded import deterministic_random_reward, generate_rollout, load_rollout, save_rollout
+from ftexp.rundir import rollout_path
 
 
 @pytest.fixture(scope="module")

@@ -9,13 +9,15 @@ from ftexp.audit.analyzer import witness as witness_rule
 from ftexp.audit.events import (EventLogger, ProcessIdentity, TrainAdvantageComputationEvent, TrainGroupStepEndEvent,
                                 WitnessSnapshotParamEvent, read_events)
 from ftexp.audit.witness import WitnessIdAllocator, allocation_event
-from ftexp.config import TrainerConfig
+from ftexp.config import ModelConfig, RolloutConfig, TrainerConfig
+from ftexp.engines.grpo import make_train_batch
+from ftexp.engines.torch.loss import grpo_loss
+from ftexp.engines.torch.model import build_model
+from ftexp.engines.torch.replica import TorchReplica
+from ftexp.engines.torch.witness import zero_witness_rows
 from ftexp.errors import InputError
-from ftexp.trainer.grpo import grpo_loss, make_train_batch
-from ftexp.trainer.model import ModelConfig, build_model
-from ftexp.trainer.replica import Replica, train_step
-from ftexp.trainer.rollout_data import RolloutConfig, generate_rollout
-from ftexp.trainer.witness_module import zero_witness_rows
+from ftexp.rollout.recorded import generate_rollout
+from ftexp.trainer.step import train_step
 
 BUFFER = 4096
 SAMPLES = 64
@@ -107,7 +109,7 @@ def test_zero_witness_rows_clears_weight_and_adam_moments():
 
 
 def config(**kw) -> TrainerConfig:
-    return TrainerConfig(rollout=ROLLOUT, witness_buffer_size=BUFFER, **kw)
+    return TrainerConfig(rollout=ROLLOUT, witness_buffer_size=BUFFER, **{"enable_witness": True, **kw})
 
 
 def run_steps(replica, rollouts, events, allocator):
@@ -125,7 +127,7 @@ def run_steps(replica, rollouts, events, allocator):
 def test_replica_with_witness_trains_the_policy_bit_for_bit_like_without(tmp_path):
     rollouts = [rollout_with_uniform_group(r) for r in range(3)]
     events = EventLogger(tmp_path, ProcessIdentity(component="dp", rank_within_cell=0))
-    plain, witnessed = Replica(config(enable_witness=False), seed=1), Replica(config(), seed=1)
+    plain, witnessed = TorchReplica(config(enable_witness=False), seed=1), TorchReplica(config(), seed=1)
     assert run_steps(plain, rollouts, events, None) == run_steps(witnessed, rollouts, events, WitnessIdAllocator(BUFFER))
     for name, p in zip(plain.param_names, plain.params):
         assert torch.equal(p, policy_params(witnessed.model)[name]), name
@@ -138,7 +140,7 @@ def test_step_logs_advantages_and_snapshots_and_zeroes_stale_rows(tmp_path):
     buffer = 220
     rollouts = [rollout_with_uniform_group(r) for r in range(4)]
     events = EventLogger(tmp_path, ProcessIdentity(component="actor", cell_index=0, rank_within_cell=0))
-    replica = Replica(dataclasses.replace(config(), witness_buffer_size=buffer), seed=1)
+    replica = TorchReplica(dataclasses.replace(config(), witness_buffer_size=buffer), seed=1)
     allocator = WitnessIdAllocator(buffer)
     run_steps(replica, rollouts, events, allocator)
     logged = read_events(tmp_path)
@@ -168,7 +170,7 @@ def test_step_logs_advantages_and_snapshots_and_zeroes_stale_rows(tmp_path):
 
 
 def test_witness_travels_in_state_and_checksums_but_not_in_dumps(tmp_path, rollout):
-    replica = Replica(config(), seed=1)
+    replica = TorchReplica(config(), seed=1)
     run_steps(replica, [rollout], EventLogger(tmp_path / "ev", ProcessIdentity(component="main")),
               WitnessIdAllocator(BUFFER))
     state = replica.state_dict()
@@ -176,7 +178,7 @@ def test_witness_travels_in_state_and_checksums_but_not_in_dumps(tmp_path, rollo
     assert {k for k in replica.checksums()["param_hashes"] if "witness" in k} == {
         "pp0.local_head_witness.weight", "pp0.local_tail_witness.weight"}
     assert any(k.startswith("local_tail_witness.weight.exp_avg") for k in replica.checksums()["optimizer_hashes"])
-    healed = Replica(config(), seed=2)
+    healed = TorchReplica(config(), seed=2)
     healed.load_state_dict(state)
     assert healed.checksums() == replica.checksums()
     replica.dump(tmp_path / "dump")
@@ -187,6 +189,6 @@ def test_witness_travels_in_state_and_checksums_but_not_in_dumps(tmp_path, rollo
 def test_train_step_wants_witness_ids_exactly_when_the_model_has_witnesses(tmp_path, rollout):
     events = EventLogger(tmp_path, ProcessIdentity(component="main"))
     with pytest.raises(ValueError, match="enable_witness"):
-        run_steps(Replica(config(), seed=1), [rollout], events, None)
+        run_steps(TorchReplica(config(), seed=1), [rollout], events, None)
     with pytest.raises(ValueError, match="enable_witness"):
-        run_steps(Replica(config(enable_witness=False), seed=1), [rollout], events, WitnessIdAllocator(BUFFER))
+        run_steps(TorchReplica(config(enable_witness=False), seed=1), [rollout], events, WitnessIdAllocator(BUFFER))

@@ -1,4 +1,4 @@
-"""The GRPO training-step math: advantages, data sharding and the clipped policy loss.
+"""The GRPO training-step math every engine shares: advantages, data sharding and the PPO-clip core.
 
 The loss is written so that data parallelism is a pure SUM: a shard's loss is the sum of its
 samples' losses divided by the number of samples in the WHOLE rollout. Summing the shard
@@ -16,7 +16,6 @@ from typing import Any
 import torch
 
 from ftexp.errors import InputError
-from ftexp.trainer.model import TinyGPT, gather_targets, next_token_log_softmax
 
 PAD_TOKEN = 0
 ADVANTAGE_EPS = 1e-6
@@ -31,7 +30,7 @@ class TrainBatch:
     old_log_probs: torch.Tensor  # [B, T-1] float, rollout-time log-probs (0 off the mask)
     advantages: torch.Tensor  # [B] float
     sample_indices: torch.Tensor  # [B] long, positions in the whole rollout
-    witness_ids: torch.Tensor | None = None  # [B] long, each sample's witness id (spec §11)
+    witness_ids: torch.Tensor | None = None  # [B] long, each sample's witness id
 
 
 def group_advantages(rewards: torch.Tensor, n_samples_per_prompt: int) -> torch.Tensor:
@@ -94,36 +93,12 @@ def token_advantages(batch: TrainBatch) -> tuple[list[list[float]], list[list[in
     return advantages, witness_ids
 
 
-def grpo_loss(model: TinyGPT, batch: TrainBatch, num_samples_global: int,
-              eps_clip: float = 0.2) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """PPO-clip policy loss of one shard, normalised by the global sample count.
+def ppo_clip(log_ratio: torch.Tensor, advantages: torch.Tensor, eps_clip: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's clipped surrogate per token: (loss per token, whether the clipped branch was taken).
 
-    Each quantity is first a masked mean over a sample's response tokens, then summed over the
-    shard's samples and divided by ``num_samples_global``; summing over shards gives the mean
-    over the rollout. Returns the loss and detached 0-d stats normalised the same way.
+    ``log_ratio`` = new − old log-prob of each token; ``advantages`` broadcast over its tokens.
     """
-    log_softmax = next_token_log_softmax(model, batch.tokens, batch.witness_ids)
-    log_probs = gather_targets(log_softmax, batch.tokens)
-    advantages = batch.advantages.unsqueeze(1)
-    ratio = torch.exp(log_probs - batch.old_log_probs)
+    ratio = torch.exp(log_ratio)
     unclipped = -ratio * advantages
     clipped = -ratio.clamp(1.0 - eps_clip, 1.0 + eps_clip) * advantages
-    pg_per_token = torch.maximum(unclipped, clipped)
-
-    # Samples whose mask is empty contribute zero instead of dividing by zero.
-    tokens_per_sample = batch.loss_mask.sum(dim=1).clamp(min=1.0)
-
-    def shard_sum_of_sample_means(per_token: torch.Tensor) -> torch.Tensor:
-        per_sample = (per_token * batch.loss_mask).sum(dim=1) / tokens_per_sample
-        return per_sample.sum() / num_samples_global
-
-    loss = shard_sum_of_sample_means(pg_per_token)
-    with torch.no_grad():
-        entropy_per_token = -(log_softmax.exp() * log_softmax).sum(dim=-1)
-        stats = {
-            "pg_loss": loss.detach().clone(),
-            "pg_clipfrac": shard_sum_of_sample_means((clipped > unclipped).float()),
-            "ppo_kl": shard_sum_of_sample_means(batch.old_log_probs - log_probs),
-            "entropy": shard_sum_of_sample_means(entropy_per_token),
-        }
-    return loss, stats
+    return torch.maximum(unclipped, clipped), clipped > unclipped

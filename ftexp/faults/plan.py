@@ -1,0 +1,87 @@
+"""The scripted fault plan of a phase: which cell fails (or is stopped and started) and when.
+
+A scenario's yaml lists ``target_actions``; everyone who acts on them or checks them asks the
+plan instead of reading the list: the cell rank ("do I crash before the reduce of rollout k,
+attempt a?"), the driver ("which cells do I stop or start after rollout k?") and the scenario's
+expectations ("which shrinks and heals must the event log show?"). ``cell_index`` -1 means the
+last cell; it is resolved in one place, :func:`resolve_cell`.
+
+Negative controls are deliberate healing and retry bugs, planted to prove the verdict turns red.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from omegaconf import MISSING
+
+
+class TestActionKind(enum.Enum):
+    __test__ = False  # not a pytest class
+    crash_before_allreduce = "crash_before_allreduce"  # actor-level: exit hard before the reduce
+    stop_cell_at_end = "stop_cell_at_end"              # group-level, after the rollout commits
+    start_cell_at_end = "start_cell_at_end"
+
+
+@dataclass
+class TestAction:
+    """One planned fault. ``cell_index`` -1 means the last cell."""
+
+    __test__ = False  # not a pytest class
+    at_rollout: int = MISSING
+    action: TestActionKind = MISSING
+    cell_index: int = -1
+    rank: int = 0
+    attempt: int = 0
+
+
+class NegativeControl(enum.Enum):
+    """Deliberate healing and retry bugs, for tests proving the verdict turns red. Never on by default."""
+
+    skip_heal_transfer = "skip_heal_transfer"          # healed cell keeps its fresh initial state
+    skip_optimizer_transfer = "skip_optimizer_transfer"  # healed cell gets weights but no optimizer state
+    # Every cell commits attempt 0 but reports it discarded, so the retry trains the samples twice.
+    double_apply_retry = "double_apply_retry"
+    # A rank whose cross-cell reduce failed steps on its local gradient anyway.
+    leak_discarded_attempt = "leak_discarded_attempt"
+
+
+def resolve_cell(index: int, num_cells: int) -> int:
+    """A plan's cell index as a real one: negative counts from the end (-1 = the last cell)."""
+    resolved = index + num_cells if index < 0 else index
+    if not 0 <= resolved < num_cells:
+        raise ValueError(f"cell_index {index} is outside the {num_cells} cells")
+    return resolved
+
+
+@dataclass(frozen=True)
+class PlannedAction:
+    """A test action with its cell resolved."""
+
+    at_rollout: int
+    action: TestActionKind
+    cell: int
+    rank: int
+    attempt: int
+
+
+class FaultPlan:
+    """The test actions of one phase of one side, with every cell index resolved."""
+
+    def __init__(self, actions: list[TestAction], num_cells: int):
+        self.actions = [PlannedAction(a.at_rollout, a.action, resolve_cell(a.cell_index, num_cells), a.rank, a.attempt)
+                        for a in actions]
+
+    def crash_before_reduce(self, cell: int, rank: int, rollout_id: int, attempt: int) -> PlannedAction | None:
+        """The crash planned for this rank of this cell right before this attempt's cross-cell reduce."""
+        return next((a for a in self.actions if a.action == TestActionKind.crash_before_allreduce
+                     and (a.cell, a.rank, a.at_rollout, a.attempt) == (cell, rank, rollout_id, attempt)), None)
+
+    def group_actions_after(self, rollout_id: int) -> list[PlannedAction]:
+        """Cells to stop or start once ``rollout_id`` has committed, in plan order."""
+        return [a for a in self.actions if a.at_rollout == rollout_id
+                and a.action in (TestActionKind.stop_cell_at_end, TestActionKind.start_cell_at_end)]
+
+    def of_kind(self, kind: TestActionKind) -> list[PlannedAction]:
+        return [a for a in self.actions if a.action == kind]

@@ -1,0 +1,61 @@
+"""What one training job runs: a side of one phase, as the typed spec the pipeline hands to a job.
+
+A ``JobSpec`` is the whole contract between the pipeline and a training job: it is pickled into
+the submitit job, everything the job reads is named by it, and everything it produces lands under
+``side_dir`` (see ``ftexp.rundir``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ftexp.config import ControlConfig, ModeConfig, SoakConfig, TrainerConfig
+from ftexp.faults.plan import FaultPlan
+from ftexp.rundir import SideDir, latest_checkpoint
+
+
+@dataclass
+class JobSpec:
+    side: str                       # "baseline" (plain DP) or "target" (fault-tolerant cells)
+    phase: str                      # "" for single-phase scenarios
+    side_dir: SideDir
+    data_dir: Path                  # recorded rollouts: <data_dir>/<rollout_id>.pt
+    trainer: TrainerConfig          # engine and witness already resolved by ftexp.validate
+    mode: ModeConfig                # the parallel layout of a replica and the number of cells
+    num_rollout: int                # exclusive end rollout id
+    plan: FaultPlan                 # the scripted faults (empty on the baseline)
+    deterministic: bool = False
+    seed: int = 1
+    load_dir: Path | None = None    # resume from this ckpt root
+    save_interval: int | None = None
+    exit_after_rollouts: int | None = None
+    control: ControlConfig | None = None  # the control plane (target only, when enabled)
+    soak: SoakConfig | None = None        # set only when the scenario is a soak (target only)
+
+    @property
+    def num_cells(self) -> int:
+        """The DP size: cells of the target, data-parallel replicas of the baseline."""
+        return self.mode.num_cells
+
+    def start_rollout_id(self) -> int:
+        """0 on a cold start; the loaded checkpoint's rollout id + 1 on resume."""
+        if self.load_dir is None:
+            return 0
+        loaded = latest_checkpoint(self.load_dir)
+        if loaded is None:
+            raise FileNotFoundError(f"no checkpoint to resume from in {self.load_dir}")
+        return loaded + 1
+
+    def rollout_ids(self) -> range:
+        start = self.start_rollout_id()
+        end = self.num_rollout
+        if self.exit_after_rollouts is not None:
+            end = min(end, start + self.exit_after_rollouts)
+        return range(start, end)
+
+    def should_save(self, rollout_id: int) -> bool:
+        """At every ``save_interval``-th rollout and at the last one."""
+        if self.save_interval is None:
+            return False
+        return rollout_id == self.num_rollout - 1 or (rollout_id + 1) % self.save_interval == 0

@@ -1,0 +1,56 @@
+"""Train the sides of a run, phase by phase: one submitit job per (side, phase).
+
+The scenario says which sides train (a soak has no baseline); each job gets a ``JobSpec`` built
+here from the config and the run dir. While a soak's target trains, the harness injects random
+faults into it through its control server.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from ftexp.config import ExperimentConfig, PhaseConfig
+from ftexp.faults.plan import FaultPlan
+from ftexp.faults.soak import SoakInjection
+from ftexp.job import JobSpec
+from ftexp.launch.jobs import run_side_job
+from ftexp.rundir import TARGET, rollout_data_dir, side_dir
+from ftexp.scenarios import load_scenario
+
+
+def job_spec(cfg: ExperimentConfig, run_dir: Path, side: str, phase: PhaseConfig) -> JobSpec:
+    """What the training job of ``side`` in ``phase`` runs; the fault plan and control plane are the target's."""
+    target = side == TARGET
+    soak = load_scenario(cfg.scenario).is_soak
+    return JobSpec(
+        side=side, phase=phase.name, side_dir=side_dir(run_dir, side, phase.name), data_dir=rollout_data_dir(run_dir),
+        trainer=cfg.trainer, mode=cfg.mode, num_rollout=cfg.scenario.num_rollout,
+        plan=FaultPlan(phase.target_actions if target else [], cfg.mode.num_cells),
+        deterministic=cfg.scenario.deterministic, seed=cfg.seed,
+        load_dir=side_dir(run_dir, side, phase.load_from).ckpt if phase.load_from is not None else None,
+        save_interval=phase.save_interval, exit_after_rollouts=phase.exit_after_rollouts,
+        control=cfg.scenario.control if target and cfg.scenario.control.enabled else None,
+        soak=cfg.scenario.soak if target and soak else None,
+    )
+
+
+def train_sides(cfg: ExperimentConfig, run_dir: Path, sides: tuple[str, ...], only_phase: str | None) -> None:
+    """Train ``sides`` (those the scenario trains) of every phase, or of ``only_phase``; raise JobFailed."""
+    trained = [s for s in sides if s in load_scenario(cfg.scenario).sides]
+    for phase in cfg.scenario.phases:
+        if only_phase is not None and phase.name != only_phase:
+            continue
+        for side in trained:
+            spec = job_spec(cfg, run_dir, side, phase)
+            if spec.side_dir.root.exists():
+                shutil.rmtree(spec.side_dir.root)  # a side's results are always from one fresh run
+            spec.side_dir.root.mkdir(parents=True)
+            if spec.soak is None:
+                run_side_job(spec, cfg.launcher)
+                continue
+            injection = SoakInjection(spec.soak, cfg.seed, spec.side_dir)
+            try:
+                run_side_job(spec, cfg.launcher, on_poll=injection.poll)
+            finally:
+                injection.stop()

@@ -1,0 +1,132 @@
+"""Comparison scenarios: the target must reproduce the baseline, and its fault plan must show.
+
+Every phase is checked the same way — dumps tensor by tensor, metrics key by key, the exact set
+of dump leaves, and the exact list of reconfigure events on each side. What the event log must
+hold is derived from the phase's fault plan alone (never from the outputs): :func:`expect` plays
+the plan against the group's rules — a crash shrinks the quorum at its rollout, a cell stopped
+and started after rollout k is healed at k+1 from the lowest-index cell still alive — so a plan
+that hits cell 0, a middle cell or the last cell each names its own shrinks, sources and heals.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ftexp.config import ExperimentConfig, PhaseConfig
+from ftexp.faults.plan import FaultPlan, TestActionKind
+from ftexp.rundir import BASELINE, TARGET, side_dir
+from ftexp.scenarios.checks import (check_event_rules, check_faults, check_leaves, check_target_commits,
+                                    recovery_timings)
+from ftexp.verify.dumps import compare_dumps
+from ftexp.verify.metrics import compare_metrics
+from ftexp.verify.reconfigure import ReconfigureInfo, check_reconfigure_events
+from ftexp.verify.report import CheckResult
+
+REQUIRED_METRICS = ("train/loss", "train/grad_norm")
+
+
+@dataclass
+class PhaseExpectation:
+    rollouts: list[int]                                  # rollouts trained in this phase
+    target_reconfigures: list[ReconfigureInfo] = field(default_factory=list)
+    baseline_reconfigures: list[ReconfigureInfo] = field(default_factory=list)
+    faults_injected: int = 0                             # crash test actions that must have fired
+
+
+def phase_rollouts(cfg: ExperimentConfig, phase: PhaseConfig) -> list[int]:
+    """The rollout ids a phase trains, derived from the phase plan alone (not from the outputs)."""
+    phases = cfg.scenario.phases
+    start = 0
+    for earlier in phases[: phases.index(phase)]:
+        if earlier.name == phase.load_from:
+            start = phase_rollouts(cfg, earlier)[-1] + 1
+    end = cfg.scenario.num_rollout
+    if phase.exit_after_rollouts is not None:
+        end = min(end, start + phase.exit_after_rollouts)
+    return list(range(start, end))
+
+
+def planned_reconfigures(plan: FaultPlan, rollouts: list[int], num_cells: int) -> list[ReconfigureInfo]:
+    """The reconfigure events the plan must cause over ``rollouts``, every phase starting with all cells alive.
+
+    Before each rollout the group refreshes: cells started since the last rollout are healed from
+    the lowest-index alive cell, cells stopped without a restart shrink out. A crash during a
+    rollout discards that attempt, and the retry's refresh shrinks the crashed cell out.
+    """
+    alive, pending, quorum = set(range(num_cells)), set(), set(range(num_cells))
+    events = []
+    for rollout_id in rollouts:
+        if pending:
+            events.append(ReconfigureInfo(rollout_id, min(alive), sorted(pending), sorted(alive | pending)))
+            alive |= pending
+            pending = set()
+        elif alive != quorum:
+            events.append(ReconfigureInfo(rollout_id, None, [], sorted(alive)))
+        quorum = set(alive)
+        crashed = {a.cell for a in plan.of_kind(TestActionKind.crash_before_allreduce) if a.at_rollout == rollout_id}
+        if crashed & alive and len(alive) > 1:
+            alive -= crashed
+            events.append(ReconfigureInfo(rollout_id, None, [], sorted(alive)))
+            quorum = set(alive)
+        for action in plan.group_actions_after(rollout_id):
+            if action.action == TestActionKind.stop_cell_at_end:
+                alive.discard(action.cell)
+                pending.discard(action.cell)
+            elif action.cell not in alive:
+                pending.add(action.cell)
+    return events
+
+
+def expect(cfg: ExperimentConfig, phase: PhaseConfig) -> PhaseExpectation:
+    """What one phase must show: its rollouts, its plan's faults, and every reconfigure in its event
+    log — including those of the phase it resumes from, whose events it restores."""
+    rollouts = phase_rollouts(cfg, phase)
+    n = cfg.mode.num_cells
+    plan = FaultPlan(phase.target_actions, n)
+    crashes = [a for a in plan.of_kind(TestActionKind.crash_before_allreduce) if a.at_rollout in rollouts]
+    reconfigures = planned_reconfigures(plan, rollouts, n)
+    if phase.load_from is not None:
+        earlier = next(p for p in cfg.scenario.phases if p.name == phase.load_from)
+        reconfigures = expect(cfg, earlier).target_reconfigures + reconfigures
+    return PhaseExpectation(rollouts=rollouts, target_reconfigures=reconfigures, faults_injected=len(crashes))
+
+
+def check_phase(cfg: ExperimentConfig, run_dir: Path, phase: PhaseConfig, expected: PhaseExpectation) -> list[CheckResult]:
+    label = f"{phase.name}/" if phase.name else ""
+    base, targ = side_dir(run_dir, BASELINE, phase.name), side_dir(run_dir, TARGET, phase.name)
+    th = cfg.threshold
+    checks = [
+        check_leaves(base.dumps, expected.rollouts, f"{label}dump_leaves"),
+        compare_dumps(base.dumps, targ.dumps, [tuple(r) for r in th.dumps],
+                      exclude_pattern=th.exclude_pattern, allow_skipped_pattern=th.allow_skipped_pattern,
+                      allow_failed_pattern=th.allow_failed_pattern).to_check(f"{label}dumps"),
+    ]
+    if th.fp32_dumps:  # every engine here trains in fp32 on CPU
+        checks.append(compare_dumps(base.dumps, targ.dumps, [tuple(r) for r in th.fp32_dumps],
+                                    exclude_pattern=th.exclude_pattern, allow_skipped_pattern=th.allow_skipped_pattern,
+                                    allow_failed_pattern=th.allow_failed_pattern).to_check(f"{label}dumps_fp32"))
+    for m in th.metrics:
+        # Every metric rule must cover at least one of the keys that are required to exist.
+        required = [k for k in REQUIRED_METRICS if k.startswith(tuple(m.prefixes)) and k not in m.exclude]
+        checks.append(compare_metrics(base.events, targ.events, rtol=m.rtol, atol=m.atol,
+                                      key_prefixes=list(m.prefixes), exclude_keys=list(m.exclude),
+                                      required_keys=required)
+                      .to_check(f"{label}metrics[{','.join(m.prefixes)}]"))
+    checks.append(check_reconfigure_events(base.events, expected.baseline_reconfigures, f"{label}baseline_reconfigures"))
+    checks.append(check_reconfigure_events(targ.events, expected.target_reconfigures, f"{label}target_reconfigures"))
+    checks.append(check_target_commits(targ.events, expected.rollouts, f"{label}target_commits"))
+    checks.append(check_faults(targ.events, expected.faults_injected, f"{label}faults_injected"))
+    checks.append(check_event_rules(targ.events, f"{label}target_event_analyzer",
+                                    expect_witness=cfg.trainer.witness_on))
+    if expected.target_reconfigures:
+        checks.append(recovery_timings(targ.events, f"{label}recovery"))
+    return checks
+
+
+def verify_phases(cfg: ExperimentConfig, run_dir: Path) -> list[CheckResult]:
+    """Every phase's checks, each phase against what its own plan expects."""
+    checks: list[CheckResult] = []
+    for phase in cfg.scenario.phases:
+        checks += check_phase(cfg, run_dir, phase, expect(cfg, phase))
+    return checks

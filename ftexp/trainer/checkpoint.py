@@ -1,0 +1,70 @@
+"""Checkpoints, written the same way by both sides: one file per rank, then the tracker and the event log.
+
+Every rank of the writing replica saves its own state (``state_<coords>.pt``, so a replica split
+over TP/PP/CP/EP ranks resumes rank by rank). Once all of them are in place, one rank marks the
+checkpoint complete and snapshots the event log into it, so the audit trail — and the witness
+counter it holds — survives a resume.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ftexp.audit.events import read_events
+from ftexp.audit.witness import persisted_counter
+from ftexp.job import JobSpec
+from ftexp.rundir import events_snapshot, iter_dir, latest_checkpoint, mark_checkpoint_complete, rank_state_file
+
+
+def save_rank_state(replica, ckpt_root: Path, rollout_id: int) -> None:
+    """This rank's ``<ckpt_root>/iter_<id:07d>/state_<coords>.pt``, written atomically."""
+    directory = iter_dir(ckpt_root, rollout_id)
+    directory.mkdir(parents=True, exist_ok=True)
+    name = rank_state_file(replica.coords)
+    tmp = directory / f"{name}.tmp"
+    torch.save(replica.state_dict(), tmp)
+    tmp.replace(directory / name)
+
+
+def complete_checkpoint(ckpt_root: Path, rollout_id: int, events_dir: Path) -> None:
+    """After every rank's file is written: snapshot the event log, then mark the checkpoint complete
+    (last, so a checkpoint the tracker names always has its events)."""
+    dst = events_snapshot(ckpt_root, rollout_id)
+    if dst.exists():
+        shutil.rmtree(dst)
+    if events_dir.is_dir():
+        shutil.copytree(events_dir, dst)
+    mark_checkpoint_complete(ckpt_root, rollout_id)
+
+
+def load_rank_state(ckpt_root: Path, rollout_id: int, coords: dict[str, int]) -> dict[str, Any]:
+    path = iter_dir(ckpt_root, rollout_id) / rank_state_file(coords)
+    if not path.is_file():
+        raise FileNotFoundError(f"no checkpoint {path} (was it written by another parallel layout?)")
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def restore_events(load_dir: Path, events_dir: Path) -> None:
+    """Start this run's event dir from the loaded checkpoint's snapshot, if it has one."""
+    loaded = latest_checkpoint(load_dir)
+    snap = events_snapshot(load_dir, loaded) if loaded is not None else None
+    if snap is not None and snap.is_dir():
+        if events_dir.exists():
+            shutil.rmtree(events_dir)
+        shutil.copytree(snap, events_dir)
+
+
+def start_event_log(spec: JobSpec) -> int:
+    """Set up the side's event dir; return the witness counter to continue from.
+
+    On resume the dir is first replaced by the loaded checkpoint's snapshot, and only then is the
+    counter read: allocations logged after that checkpoint never reached its weights, so their ids
+    are free again, while every id the checkpoint's weights hold stays taken.
+    """
+    if spec.load_dir is not None:
+        restore_events(spec.load_dir, spec.side_dir.events)
+    return persisted_counter(read_events(spec.side_dir.events))

@@ -1,0 +1,98 @@
+"""Cross-group checks that a schema cannot express, run once on the composed config before launch.
+
+``validate`` also resolves the settings whose default depends on another group (the engine
+follows the mode, the witness follows the engine). Every failure is an ``InputError``: one line,
+exit 2, nothing launched.
+"""
+
+from __future__ import annotations
+
+from ftexp.config import ExperimentConfig, Stage
+from ftexp.engines.registry import get_engine
+from ftexp.errors import InputError
+from ftexp.scenarios import load_scenario
+from ftexp.verify.dumps import compile_pattern, parse_rules
+
+
+def resolve_defaults(cfg: ExperimentConfig) -> None:
+    """The engine follows the mode (its first engine); the witness follows the engine."""
+    if cfg.trainer.engine is None:
+        cfg.trainer.engine = cfg.mode.engines[0]
+    if cfg.trainer.enable_witness is None:
+        cfg.trainer.enable_witness = get_engine(cfg.trainer.engine).witness_by_default
+
+
+def validate_timeouts(cfg: ExperimentConfig, soak: bool) -> None:
+    """Cross-cell PG timeout < heartbeat detection < step deadline, or faults are misdiagnosed.
+
+    A peer blocked on a dead cell must fail its collective (and discard) before heartbeats could
+    declare it dead too; and a real hang must be detected by heartbeats well before the step
+    deadline gives up on the whole run.
+    """
+    control, deadline, pg = cfg.scenario.control, cfg.scenario.soak.step_deadline_s, cfg.trainer.cross_cell_timeout_s
+    if not control.enabled:
+        return
+    if not pg < control.detection_s:
+        raise InputError(f"timeouts: trainer.cross_cell_timeout_s={pg:g} must be < heartbeat detection "
+                         f"(failure_threshold x (interval + timeout) = {control.detection_s:g} s)")
+    if soak and not control.detection_s + control.heartbeat_first_wait_s < deadline:
+        raise InputError(f"timeouts: heartbeat first wait + detection ({control.heartbeat_first_wait_s + control.detection_s:g} s)"
+                         f" must be < scenario.soak.step_deadline_s={deadline:g}")
+
+
+def validate_phases(cfg: ExperimentConfig) -> None:
+    scenario = cfg.scenario
+    if not scenario.phases:
+        raise InputError(f"scenario {scenario.name} has no phases")
+    names = [p.name for p in scenario.phases]
+    if len(set(names)) != len(names):
+        raise InputError(f"scenario {scenario.name}: duplicate phase names {names}")
+    for i, phase in enumerate(scenario.phases):
+        if phase.load_from is not None and phase.load_from not in names[:i]:
+            raise InputError(f"phase {phase.name!r} loads from {phase.load_from!r}, which is not an earlier phase")
+        for action in phase.target_actions:
+            if not -cfg.mode.num_cells <= action.cell_index < cfg.mode.num_cells:
+                raise InputError(f"phase {phase.name!r}: test action {action.action.value} at rollout {action.at_rollout} "
+                                 f"names cell {action.cell_index}, but mode {cfg.mode.name} has {cfg.mode.num_cells} cells")
+    if cfg.phase is not None and cfg.phase not in names:
+        raise InputError(f"unknown phase {cfg.phase!r} for scenario {scenario.name} (phases: {names})")
+
+
+def validate_thresholds(cfg: ExperimentConfig) -> None:
+    """Parse every rule with the verifier's own parser, so a bad rule fails here with its message."""
+    th = cfg.threshold
+    if not th.dumps:
+        raise InputError(f"threshold {th.name}: empty dump rule list (end it with a '.*' catch-all)")
+    parse_rules([tuple(r) for r in th.dumps])
+    parse_rules([tuple(r) for r in th.fp32_dumps])
+    for what, pattern in (("exclude_pattern", th.exclude_pattern), ("allow_skipped_pattern", th.allow_skipped_pattern),
+                          ("allow_failed_pattern", th.allow_failed_pattern)):
+        if pattern is not None:
+            compile_pattern(pattern, f"threshold.{what}")
+
+
+def validate(cfg: ExperimentConfig) -> None:
+    """Resolve the dependent defaults, then check everything that spans groups. Raises InputError."""
+    resolve_defaults(cfg)
+    mode = cfg.mode
+    if cfg.trainer.engine not in mode.engines:
+        raise InputError(
+            f"mode {mode.name} needs {mode.tp=} {mode.pp=} {mode.cp=} {mode.ep=} ({mode.ranks_per_cell} ranks per cell);"
+            f" engine={cfg.trainer.engine.value} cannot run it (it runs on: {', '.join(e.value for e in mode.engines)})"
+        )
+    get_engine(cfg.trainer.engine).validate(mode, cfg.trainer)
+    if mode.num_cells < 1:
+        raise InputError(f"mode {mode.name}: num_cells must be >= 1")
+    samples = cfg.trainer.rollout.rollout_batch_size * cfg.trainer.rollout.n_samples_per_prompt
+    if samples % mode.num_cells:
+        raise InputError(f"{samples} samples per rollout do not divide over {mode.num_cells} cells")
+    if cfg.trainer.witness_on and cfg.trainer.witness_buffer_size < samples:
+        raise InputError(f"trainer.witness_buffer_size={cfg.trainer.witness_buffer_size} is smaller than the "
+                         f"{samples} samples of a rollout: raise it (or set trainer.enable_witness=false)")
+    validate_phases(cfg)
+    scenario = load_scenario(cfg.scenario)
+    scenario.check_plan(cfg)
+    validate_thresholds(cfg)
+    validate_timeouts(cfg, soak=scenario.is_soak)
+    if cfg.stage in (Stage.compare, Stage.collect) and not cfg.run_dir:
+        raise InputError(f"stage={cfg.stage.value} needs run_dir=<an existing run directory>")

@@ -1,0 +1,76 @@
+"""What a comparison scenario expects, derived from its fault plan alone: the crashed cell may be any."""
+
+import pytest
+
+from ftexp.config import ModeConfig, PhaseConfig, ScenarioConfig
+from ftexp.errors import InputError
+from ftexp.faults.plan import TestAction, TestActionKind
+from ftexp.scenarios import load_scenario, scenario_modules
+from ftexp.scenarios.comparison import expect
+from ftexp.verify.reconfigure import ReconfigureInfo
+
+CRASH, STOP, START = TestActionKind.crash_before_allreduce, TestActionKind.stop_cell_at_end, TestActionKind.start_cell_at_end
+
+
+class Cfg:
+    """The two groups ``expect`` reads."""
+
+    def __init__(self, num_cells: int, phases: list[PhaseConfig], num_rollout: int = 4, module: str = "with_failure"):
+        self.mode = ModeConfig(name=f"dp{num_cells}", num_cells=num_cells)
+        self.scenario = ScenarioConfig(name="s", module=module, num_rollout=num_rollout, phases=phases)
+
+
+def with_failure(num_cells: int, cell_index: int) -> Cfg:
+    actions = [TestAction(at_rollout=2, action=kind, cell_index=cell_index) for kind in (CRASH, STOP, START)]
+    return Cfg(num_cells, [PhaseConfig(name="phase_a", save_interval=1, exit_after_rollouts=1),
+                           PhaseConfig(name="phase_b", load_from="phase_a", target_actions=actions)])
+
+
+@pytest.mark.parametrize("num_cells, cell_index, crashed, source", [
+    (2, -1, 1, 0), (2, 0, 0, 1), (2, 1, 1, 0),
+    (4, -1, 3, 0), (4, 0, 0, 1), (4, 1, 1, 0),
+])
+def test_with_failure_names_the_planned_cell(num_cells, cell_index, crashed, source):
+    cfg = with_failure(num_cells, cell_index)
+    phase_a, phase_b = cfg.scenario.phases
+    assert expect(cfg, phase_a).target_reconfigures == [] and expect(cfg, phase_a).rollouts == [0]
+    expected = expect(cfg, phase_b)
+    survivors = [c for c in range(num_cells) if c != crashed]
+    assert expected.rollouts == [1, 2, 3] and expected.faults_injected == 1
+    assert expected.target_reconfigures == [
+        ReconfigureInfo(2, None, [], survivors),
+        ReconfigureInfo(3, source, [crashed], list(range(num_cells))),
+    ]
+    assert expected.baseline_reconfigures == []
+
+
+def test_deterministic_sees_its_own_heal_and_the_restored_one():
+    def stop_start(rollout):
+        return [TestAction(at_rollout=rollout, action=STOP, cell_index=0),
+                TestAction(at_rollout=rollout, action=START, cell_index=0)]
+    cfg = Cfg(2, [PhaseConfig(name="phase_a", save_interval=3, exit_after_rollouts=3, target_actions=stop_start(1)),
+                  PhaseConfig(name="phase_b", load_from="phase_a", save_interval=3, exit_after_rollouts=3,
+                              target_actions=stop_start(4))], num_rollout=6)
+    phase_a, phase_b = cfg.scenario.phases
+    assert expect(cfg, phase_a).target_reconfigures == [ReconfigureInfo(2, 1, [0], [0, 1])]
+    assert expect(cfg, phase_b).target_reconfigures == [ReconfigureInfo(2, 1, [0], [0, 1]),
+                                                        ReconfigureInfo(5, 1, [0], [0, 1])]
+
+
+def test_a_stop_without_restart_is_a_shrink():
+    cfg = Cfg(3, [PhaseConfig(target_actions=[TestAction(at_rollout=0, action=STOP, cell_index=1)])], num_rollout=3)
+    assert expect(cfg, cfg.scenario.phases[0]).target_reconfigures == [ReconfigureInfo(1, None, [], [0, 2])]
+
+
+def test_scenario_modules_declare_kinds_and_refuse_plans_that_prove_nothing():
+    assert {"no_failure", "with_failure", "deterministic", "ft_random"} <= set(scenario_modules())
+    assert load_scenario(ScenarioConfig(name="x", module="ft_random", num_rollout=1)).is_soak
+    assert load_scenario(ScenarioConfig(name="x", module="with_failure", num_rollout=1)).sides == ("baseline", "target")
+    with pytest.raises(InputError, match="unknown scenario module 'nope'"):
+        load_scenario(ScenarioConfig(name="x", module="nope", num_rollout=1))
+    no_crash = Cfg(2, [PhaseConfig(target_actions=[TestAction(at_rollout=0, action=STOP, cell_index=0)])])
+    with pytest.raises(InputError, match="needs a crash_before_allreduce"):
+        load_scenario(no_crash.scenario).check_plan(no_crash)
+    unhealed = Cfg(2, [PhaseConfig(target_actions=[TestAction(at_rollout=0, action=CRASH, cell_index=0)])])
+    with pytest.raises(InputError, match=r"crashed cell\(s\) \[0\] are never started again"):
+        load_scenario(unhealed.scenario).check_plan(unhealed)

@@ -102,7 +102,7 @@ class PhaseConfig:
 
 @dataclass
 class ControlConfig:
-    """The control plane of the target driver (spec §6–7): HTTP API, heartbeats, mini controller."""
+    """The control plane of the target driver: HTTP API, heartbeats, mini controller."""
 
     enabled: bool = False
     host: str = "127.0.0.1"
@@ -123,7 +123,7 @@ class ControlConfig:
 
 @dataclass
 class SoakConfig:
-    """Random fault injection against the control server (spec §8.3), for non-comparison scenarios."""
+    """Random fault injection against the control server, for non-comparison scenarios."""
 
     crash_probability: float = 0.5
     # Mean seconds between injections = time_unit_s / crash_probability (the reference uses 60 s).
@@ -203,7 +203,7 @@ class TrainerConfig:
     retry_backoff_max_s: float = 60.0
     threads_per_rank: int = 1             # also keeps CPU kernels bitwise reproducible
     negative_control: Optional[NegativeControl] = None
-    # Witness ids prove every sample was trained exactly once (spec §11); two Embedding(B, 1) in the model.
+    # Witness ids prove every sample was trained exactly once; two Embedding(B, 1) in the model.
     # None: on where the engine has witnesses (torch), off where it has none yet (megatron);
     # ftexp.validate resolves it with the engine.
     enable_witness: Optional[bool] = None

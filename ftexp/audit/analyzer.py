@@ -105,7 +105,7 @@ def _zero_advantage_ids(advantage_events: list[TrainAdvantageComputationEvent],
     """Witness ids of samples whose every advantage is exactly 0 (their witness rows stay 0).
 
     A sample with no local tokens — under CP the whole response can sit on the other CP rank —
-    has an empty list: it proves nothing and is not excused (spec §17.28).
+    has an empty list: it proves nothing and is not excused.
     """
     zero: set[int] = set()
     for e in advantage_events:

@@ -95,7 +95,7 @@ class WitnessAllocateIdEvent(_Event):
 
 
 class WitnessSnapshotParamEvent(_Event):
-    """After a committed step: which rows of one witness instance are non-zero (spec §11.2)."""
+    """After a committed step: which rows of one witness instance are non-zero."""
 
     type: Literal["witness_snapshot_param"] = "witness_snapshot_param"
     rollout_id: int

@@ -5,7 +5,7 @@ scalar per slot of a ring buffer of ``buffer_size`` slots. Before every training
 rollout the driver allocates one fresh slot per sample — the sample's **witness id** — and each
 sample's tokens touch only their own slot. After a committed step, a slot's row is non-zero
 exactly when some cell trained that sample; the event analyzer compares the non-zero rows with
-the ids of the attempts that committed (spec §11, §12.3). A retry takes new ids, so an attempt that
+the ids of the attempts that committed. A retry takes new ids, so an attempt that
 was discarded but still leaked into the weights shows up as rows nobody should have touched.
 
 The counter only grows; ids are ``counter mod buffer_size``. The slots the next allocations will
@@ -34,7 +34,7 @@ from ftexp.audit.events import WitnessAllocateIdEvent
 # Half-open [start, stop) range of witness slots.
 IdRange = tuple[int, int]
 
-# The share of the ring kept live (spec §11.1): ids allocated in the most recent 70% of the ring.
+# The share of the ring kept live: ids allocated in the most recent 70% of the ring.
 KEEP_NUMERATOR, KEEP_DENOMINATOR = 7, 10
 
 

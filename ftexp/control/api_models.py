@@ -1,4 +1,4 @@
-"""Wire models of the control server's Kubernetes-flavoured API (spec §6).
+"""Wire models of the control server's Kubernetes-flavoured API.
 
 Field names are the JSON names (camelCase where Kubernetes uses it) so a model reads like the
 body it validates. Every model forbids unknown fields; FastAPI answers violations with its

@@ -1,4 +1,4 @@
-"""The mini FT controller: polls the control server and heals unhealthy cells (spec §7.3).
+"""The mini FT controller: polls the control server and heals unhealthy cells.
 
 Each poll lists the cells and classifies each one:
 

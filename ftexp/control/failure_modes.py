@@ -1,4 +1,4 @@
-"""Ways to make the current process fail, modelled on torchft (spec §8.2).
+"""Ways to make the current process fail, modelled on torchft.
 
 An actor's ``inject_fault`` RPC calls ``inject_fault(mode)`` in the actor's own process:
 

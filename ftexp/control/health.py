@@ -1,4 +1,4 @@
-"""A cell's health as a debounced tri-state, probed periodically on its own thread (spec §7.2).
+"""A cell's health as a debounced tri-state, probed periodically on its own thread.
 
     Unknown ──check ok──▶ True ──`failure_threshold` failures in a row──▶ False ──check ok──▶ True
 

@@ -3,9 +3,9 @@
 A ``CellHandle`` adapts one cell (an actor cell of the train group, or a rollout cell) to the
 API: it reports its status and carries out suspend / resume / fault injection. The
 ``CellRegistry`` keeps the handles in registration order under unique names
-``<cell-type>-<index>`` (spec §6). ``compute_cell_status`` is the one translation from the cell
+``<cell-type>-<index>``. ``compute_cell_status`` is the one translation from the cell
 lifecycle state plus the health checker's tri-state to phase, conditions and ``spec.suspend``
-(spec §3.1).
+.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ _HEALTH_REASON = {TriState.TRUE: None, TriState.FALSE: "HealthCheckFailed", TriS
 
 
 def compute_cell_status(state_name: str, health: TriState) -> CellSnapshot:
-    """Spec §3.1. ``state_name`` is a ``ftexp.trainer.cell.CellState`` value.
+    """The control API's phase and conditions of a cell in ``state_name`` (a ``ftexp.trainer.cell.CellState`` value).
 
     An alive cell reports the checker's tri-state as is: ``Unknown`` stays ``Unknown`` (not
     ``True``) so nobody mistakes "not probed yet" for "probed and fine".

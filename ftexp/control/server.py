@@ -1,6 +1,6 @@
 """The control server: a FastAPI app over a ``CellRegistry``, served by uvicorn on a daemon thread.
 
-Endpoints (spec §6)::
+Endpoints::
 
     GET   /api/v1/health                    200 {"status": "ok"}
     GET   /api/v1/cells                     200 CellList, registration order | 500
@@ -9,7 +9,7 @@ Endpoints (spec §6)::
     POST  /api/v1/cells/{name}/inject-fault 200 {"status": "ok"} | 404 | 400 | 500
 
 Errors the server raises use the Kubernetes ``Status`` body; malformed requests get FastAPI's 422.
-Handles are called without locks, concurrently with training (spec §17.16): a handle must
+Handles are called without locks, concurrently with training: a handle must
 tolerate that.
 """
 

@@ -7,7 +7,7 @@ group), serves the HTTP API on 127.0.0.1, and runs the mini FT controller that s
 resumes unhealthy cells. Resuming only marks a cell Pending: the group's next refresh heals it.
 
 The server and controller threads act on the group while the training loop runs, like the
-reference (spec §17.16): a suspend mid-step shows up as failed calls in that step.
+reference: a suspend mid-step shows up as failed calls in that step.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ class ControlPlane:
         return port
 
     def pause_health(self) -> None:
-        """Reconfigures pause every checker; resuming re-applies the first wait (spec §7.2)."""
+        """Reconfigures pause every checker; resuming re-applies the first wait."""
         for checker in self.checkers:
             checker.pause()
 

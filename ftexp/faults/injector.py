@@ -1,9 +1,9 @@
-"""The external random fault injector for soak tests (spec §8.3).
+"""The external random fault injector for soak tests.
 
 A daemon thread polls the control server every ``poll_interval`` seconds and, at exponentially
 distributed times (mean ``time_unit_s / max(crash_probability, 0.01)``), POSTs a random failure
 mode into a random cell — but never into the last genuinely alive one, because healing needs a
-live source cell (spec §17.3).
+live source cell.
 
 "Genuinely" is the ``RecoveryGate``'s job. A just-killed cell keeps reading ``Healthy=True`` for
 a long while (no RPC has failed yet, and the heartbeat checker is in its grace period), so the

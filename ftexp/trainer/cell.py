@@ -5,7 +5,7 @@
        └───────────────────────────────── start ────────────────────────────────────┘
 
 Any failed call on a cell marks it Errored, kills its actors and waits until Ray confirms they
-are dead, so a failure always ends in Stopped (spec §3). ``start`` only moves a Stopped cell
+are dead, so a failure always ends in Stopped. ``start`` only moves a Stopped cell
 back to Pending; the real start (new actors + healing) happens at the group's next refresh.
 """
 
@@ -26,7 +26,7 @@ CONFIRM_DEAD_DEADLINE_S = 120.0
 
 @dataclass(frozen=True)
 class IndepDPInfo:
-    """A cell's place in the current quorum (spec §3)."""
+    """A cell's place in the current quorum."""
 
     cell_index: int
     num_cells: int
@@ -88,7 +88,7 @@ class Cell:
         self.state, self.info = CellState.STOPPED, None
 
     def start(self) -> None:
-        """Stopped → Pending; a no-op from any other state (spec §3)."""
+        """Stopped → Pending; a no-op from any other state."""
         if self.state != CellState.STOPPED:
             log.info("cell %d is %s; start is a no-op", self.index, self.state.value)
             return
@@ -107,7 +107,7 @@ class Cell:
             raise
 
     def fail(self) -> None:
-        """A call on this cell failed: Errored → kill every rank → confirm dead (spec §3)."""
+        """A call on this cell failed: Errored → kill every rank → confirm dead."""
         if self.state in (CellState.STOPPED, CellState.PENDING):
             return  # the control plane already stopped (and maybe restarted) it mid-call
         self.mark_errored()

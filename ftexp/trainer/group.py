@@ -1,9 +1,9 @@
-"""The train group: N cells, the quorum id, and the step / refresh / heal protocol (spec §2, §4).
+"""The train group: N cells, the quorum id, and the step / refresh / heal protocol.
 
 One rollout is trained by ``train(rollout_id)``: up to ``max_attempts`` attempts, each of which
 
 0. allocates fresh witness ids for the rollout's samples and logs them — every attempt, so the
-   analyzer can tell a retry's samples from a discarded attempt's (spec §11);
+   analyzer can tell a retry's samples from a discarded attempt's;
 1. refreshes membership — if a cell is pending or an alive cell's quorum view is stale, bump the
    quorum id, allocate the pending cells, move every alive cell to the new cross-cell group, and
    heal the pending cells from the lowest-index alive cell (one ``CellReconfigureEvent``);
@@ -43,7 +43,7 @@ class TrainGroup:
         # make_rank(cell index, rank within cell, incarnation) -> a Ray actor handle
         self.cells = [Cell(i, lambda c, inc: [make_rank(c, r, inc) for r in range(ranks_per_cell)])
                       for i in range(num_cells)]
-        self.health = None  # set by the control plane: paused around every reconfigure (spec §4 step 6)
+        self.health = None  # set by the control plane: paused around every reconfigure
         self.waiting_on: dict[int, str] = {}  # cell -> the call the loop is blocked on (for hang diagnosis)
 
     # ---- start-up -----------------------------------------------------------------------------

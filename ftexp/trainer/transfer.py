@@ -4,7 +4,7 @@ The state (model, optimizer moments and step counts, scheduler, RNG states, coun
 nested dict holding tensors. Tensors often share storage (views of one buffer), so the codec
 sends each underlying storage once, as raw bytes, and rebuilds every tensor on the receiver as a
 view (dtype, shape, stride, offset) of the received storage — naive per-tensor sending would
-send shared bytes once per view (spec §4.1: ~110x amplification on a real model).
+send shared bytes once per view (~110x amplification on a real model).
 
 Wire protocol over a point-to-point pair of a torchft/gloo group:
 ``header int64[2] = (len(meta), n_storages)`` → ``meta`` (pickled hollow state + view metadata,

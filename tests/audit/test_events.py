@@ -1,4 +1,4 @@
-"""Event types: every class is named after its ``type`` (spec §10.2), and the witness events round-trip."""
+"""Event types: every class is named after its ``type``, and the witness events round-trip."""
 
 import re
 import typing

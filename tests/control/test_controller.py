@@ -1,4 +1,4 @@
-"""MiniFTController against a real control server, stepped on a FakeClock (spec §7.3)."""
+"""MiniFTController against a real control server, stepped on a FakeClock."""
 
 import threading
 

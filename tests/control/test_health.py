@@ -1,4 +1,4 @@
-"""SimpleHealthChecker stepped on a FakeClock: first wait, debounce, tri-state, pause/resume (spec §7.2)."""
+"""SimpleHealthChecker stepped on a FakeClock: first wait, debounce, tri-state, pause/resume."""
 
 import threading
 

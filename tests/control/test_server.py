@@ -1,4 +1,4 @@
-"""The control server over real HTTP on 127.0.0.1: every endpoint, status code and body (spec §6)."""
+"""The control server over real HTTP on 127.0.0.1: every endpoint, status code and body."""
 
 import httpx
 import pytest
@@ -222,7 +222,7 @@ def test_registering_a_duplicate_name_raises():
         registry.register(ScriptedCell("actor", 0))
 
 
-# ---- compute_cell_status (spec §3.1) ----------------------------------------------------------
+# ---- compute_cell_status ----------------------------------------------------------
 
 @pytest.mark.parametrize("state, health, phase, conditions, suspended", [
     ("AllocatedAlive", TriState.TRUE, "Running", [("Allocated", "True", None), ("Healthy", "True", None)], False),

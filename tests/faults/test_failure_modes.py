@@ -1,4 +1,4 @@
-"""Each failure mode, run in a child process: the way it dies (or, for deadlock, freezes) (spec §8.2)."""
+"""Each failure mode, run in a child process: the way it dies (or, for deadlock, freezes)."""
 
 import os
 import select

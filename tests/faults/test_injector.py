@@ -1,4 +1,4 @@
-"""RecoveryGate rules, and the random injector against a real control server on a FakeClock (spec §8.3)."""
+"""RecoveryGate rules, and the random injector against a real control server on a FakeClock."""
 
 import random
 import threading

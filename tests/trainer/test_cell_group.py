@@ -1,4 +1,4 @@
-"""Cell lifecycle and group refresh rules (spec §3, §4, §19) against real Ray actors.
+"""Cell lifecycle and group refresh rules against real Ray actors.
 
 The actors here are scripted stand-ins for a cell's ranks (they answer init/reconfigure/train as
 told); the real CellRank runs in the end-to-end scenario tests.

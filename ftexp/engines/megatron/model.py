@@ -79,10 +79,7 @@ def build_gpt(preset_name: str, mode: ModeConfig, seed: int = 1234) -> GPTModel:
     multiple of tp·pp·cp (``mode.ranks_per_cell``; and of ep for MoE).
     """
     preset = PRESETS[preset_name]
-    if not torch.cuda.is_available():
-        # Expert TP gathers differently sized token sets per rank, which gloo cannot: etp is 1 on CPU.
-        if preset.num_experts and mode.etp > 1:
-            raise ValueError("etp > 1 needs unevenly sized all-gathers, which gloo does not support")
+    if not torch.cuda.is_available():  # expert-TP > 1 is refused at launch on CPU (ftexp.launch.capacity)
         apply_cpu_patches()
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()

@@ -4,7 +4,7 @@ A replica is ``tp·pp·cp`` ranks (EP splits the experts over those ranks); Mega
 state must already span exactly the ranks this process shares data parallelism with:
 
 * baseline (plain DP): one gloo world of ``dp × ranks-per-replica`` ranks, Megatron DP = dp;
-  its DDP reduces gradients over DP itself (``dp_reduced_internally``);
+  its DDP reduces gradients over DP itself (``reduces_data_parallel``);
 * target (a cell): the cell's own gloo world, Megatron DP = 1; the cell rank then averages its
   gradient buffers with the same rank of every other alive cell, inside Megatron's grad sync
   (``forward_backward_reduce``), which makes the cells one more data-parallel dimension.
@@ -19,13 +19,10 @@ samples are grouped into microbatches either (``model.transformer_config``).
 
 from __future__ import annotations
 
-import hashlib
-import random
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -50,7 +47,7 @@ def pad_to(length: int, multiple: int) -> int:
 class MegatronReplica:
     """Model shard + Megatron DDP + optimizer + RNG of one rank, split into the step's phases."""
 
-    dp_reduced_internally = True
+    reduces_data_parallel = True
 
     def __init__(self, trainer_cfg, mode, seed: int, deterministic: bool = False):
         """``mode`` (``ftexp.config.ModeConfig``): the replica's parallel layout and ``model_preset``."""
@@ -63,9 +60,7 @@ class MegatronReplica:
             from ftexp.engines.megatron.deterministic import use_fixed_order_grad_reduce
 
             use_fixed_order_grad_reduce()
-        torch.manual_seed(seed)
-        random.seed(seed)
-        np.random.seed(seed)
+        seed_rngs(seed)
         self.model, self.optimizer = mg.wrap_for_training(
             module, lr=trainer_cfg.lr, adam_eps=trainer_cfg.adam_eps, clip_grad=CLIP_GRAD,
             betas=tuple(trainer_cfg.betas), weight_decay=trainer_cfg.weight_decay)
@@ -203,9 +198,9 @@ class MegatronReplica:
 
     def checksums(self) -> dict[str, Any]:
         hashes = {}
-        _hash_tree(self.optimizer.state_dict(), "optimizer", hashes)
+        hash_tree(self.optimizer.state_dict(), "optimizer", hashes)
         return {
-            "param_hashes": {f"pp{self.coords['pp']}.{self.global_names[n]}": tensor_sha256(p)
+            "param_hashes": {f"pp{self.coords['pp']}.{self.global_names[n]}": tensor_hash(p)
                              for n, p in self.module.named_parameters()},
             "optimizer_hashes": hashes,
         }
@@ -231,21 +226,6 @@ class MegatronReplica:
         self.last_rollout_id = int(state["last_rollout_id"])
 
 
-def _hash_tree(obj: Any, prefix: str, out: dict[str, Any]) -> None:
-    if isinstance(obj, dict):
-        for k in sorted(obj, key=str):
-            _hash_tree(obj[k], f"{prefix}.{k}", out)
-    elif isinstance(obj, (list, tuple)):
-        for i, v in enumerate(obj):
-            _hash_tree(v, f"{prefix}[{i}]", out)
-    elif torch.is_tensor(obj):
-        out[prefix] = tensor_sha256(obj)
-    elif isinstance(obj, (int, float, str, bool)) or obj is None:
-        out[prefix] = obj
-    else:
-        out[prefix] = hashlib.sha256(repr(obj).encode()).hexdigest()
-
-
 def _forward_step(loss_func, data_iterator, model):
     from megatron.core.utils import get_batch_on_this_cp_rank
 
@@ -267,15 +247,12 @@ def grpo_loss_func(batch: dict[str, torch.Tensor], logits: torch.Tensor, *, loss
     log_softmax = F.log_softmax(gather_from_tensor_model_parallel_region(logits).float(), dim=-1)
     log_probs = log_softmax.gather(-1, batch["labels"].unsqueeze(-1)).squeeze(-1)
     mask, weight, advantages, old = batch["loss_mask"], batch["sample_weight"], batch["advantages"], batch["old_log_probs"]
-    ratio = torch.exp((log_probs - old) * mask)
-    unclipped = -ratio * advantages
-    clipped = -ratio.clamp(1.0 - eps_clip, 1.0 + eps_clip) * advantages
-    pg_per_token = torch.maximum(unclipped, clipped)
+    pg_per_token, clipped = ppo_clip((log_probs - old) * mask, advantages, eps_clip)
     loss = (pg_per_token * weight).sum() * loss_scale
     with torch.no_grad():
         entropy = -(log_softmax.exp() * log_softmax).sum(dim=-1)
         pg = (pg_per_token * weight).sum()
-        stats = torch.stack([pg, pg, ((clipped > unclipped).float() * weight).sum(),
+        stats = torch.stack([pg, pg, (clipped.float() * weight).sum(),
                              ((old - log_probs) * weight).sum(), (entropy * weight).sum()]) * stat_scale
     on_stats(stats)
     return loss, {}

@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# A single-node Slurm cluster on this machine, for the launcher=slurm end-to-end tests.
+# A Slurm cluster on this machine (one node, or N nodes on loopback), for the launcher=slurm end-to-end tests.
 #
 #   bash scripts/slurm_local.sh start    # install (Debian 12 packages) if missing, configure, start, wait until usable
+#   SLURM_LOCAL_NODES=2 bash scripts/slurm_local.sh start   # N nodes n1..nN: N slurmd on this machine (CI)
 #   bash scripts/slurm_local.sh stop     # stop every daemon this script starts
 #   bash scripts/slurm_local.sh status   # which daemons run, the node's state, whether accounting answers
 #
 # Daemons: munged (authentication), MariaDB + slurmdbd (accounting), slurmctld (controller), slurmd (the
 # node). Every one is configured to be reached at 127.0.0.1 and nothing here talks to another machine
-# (except apt-get, when the packages are missing). `start` is idempotent: a daemon that already runs is
+# (except apt-get, when the packages are missing). With SLURM_LOCAL_NODES=N > 1 the nodes are n1..nN, each
+# its own slurmd (Debian builds slurmd with MULTIPLE_SLURMD) on its own port, all reached at 127.0.0.1 and
+# each claiming the whole machine: `sbatch -N2` places one task on each. `start` is idempotent: a daemon that already runs is
 # left alone unless its configuration changed, in which case it is restarted. Needs root.
 #
 # Why accounting at all: submitit polls job states with `sacct`. Without slurmdbd, sacct knows no job,
@@ -21,6 +24,8 @@ CONF_DIR=${SLURM_LOCAL_CONF_DIR:-/etc/slurm}
 CLUSTER=${SLURM_LOCAL_CLUSTER:-ftexp}
 PARTITION=${SLURM_LOCAL_PARTITION:-local}
 WAIT_S=${SLURM_LOCAL_WAIT_S:-90}            # bound on each wait for a daemon to come up
+NODES=${SLURM_LOCAL_NODES:-1}               # slurmd daemons (nodes) on this machine
+[[ $NODES =~ ^[1-9][0-9]?$ ]] || { echo "slurm_local: SLURM_LOCAL_NODES=$NODES is not a node count (1-99)" >&2; exit 2; }
 LOG_DIR=/var/log/slurm
 DB_NAME=slurm_acct_db
 DB_USER=slurm
@@ -28,6 +33,8 @@ PACKAGES=(munge slurm-client slurmctld slurmd slurmdbd mariadb-server)
 
 export SLURM_CONF="$CONF_DIR/slurm.conf"
 NODE=$(hostname -s)
+# Slurm's node names: this machine's name for one node; n1..nN for N nodes on this machine.
+if ((NODES == 1)); then NODE_NAMES=("$NODE"); else NODE_NAMES=($(seq -f 'n%g' 1 "$NODES")); fi
 T0=$(date +%s.%N)
 declare -A TIMINGS=()
 RESTART=()                                  # daemons whose configuration changed under them
@@ -129,8 +136,27 @@ CommunicationParameters=NoInAddrAny,NoCtldInAddrAny"
 CommunicationParameters=NoInAddrAny"
     fi
 
+    # One node: the original single-node layout. N nodes: one line per slurmd, each on its own port, with
+    # per-node (%n) pid, spool and log files so that the daemons do not collide.
+    local node_lines slurmd_files i
+    if ((NODES == 1)); then
+        node_lines="SlurmdPort=6818
+NodeName=$NODE NodeAddr=127.0.0.1 $hw State=UNKNOWN"
+        slurmd_files="SlurmdSpoolDir=/var/spool/slurmd
+SlurmdPidFile=/run/slurmd.pid
+SlurmdLogFile=$LOG_DIR/slurmd.log"
+    else
+        node_lines="# $NODES nodes on this machine (MULTIPLE_SLURMD): each slurmd is started as \`slurmd -N <name>\`."
+        for i in $(seq 1 "$NODES"); do
+            node_lines+=$'\n'"NodeName=n$i NodeHostname=$NODE NodeAddr=127.0.0.1 Port=$((6820 + i)) $hw State=UNKNOWN"
+        done
+        slurmd_files="SlurmdSpoolDir=/var/spool/slurmd/%n
+SlurmdPidFile=/run/slurmd-%n.pid
+SlurmdLogFile=$LOG_DIR/slurmd-%n.log"
+    fi
+
     write_conf "$CONF_DIR/slurm.conf" 644 slurm <<EOF
-# Written by scripts/slurm_local.sh: a one-node cluster for the ftexp launcher=slurm tests.
+# Written by scripts/slurm_local.sh: a $NODES-node cluster on this machine for the ftexp launcher=slurm tests.
 ClusterName=$CLUSTER
 # The controller by this machine's name, but reached at the loopback address (daemons, srun, sbatch, sacct).
 SlurmctldHost=$NODE(127.0.0.1)
@@ -154,13 +180,10 @@ AccountingStorageHost=127.0.0.1
 JobAcctGatherType=jobacct_gather/linux
 JobCompType=jobcomp/none
 StateSaveLocation=/var/spool/slurmctld
-SlurmdSpoolDir=/var/spool/slurmd
 SlurmctldPidFile=/run/slurmctld.pid
-SlurmdPidFile=/run/slurmd.pid
 SlurmctldLogFile=$LOG_DIR/slurmctld.log
-SlurmdLogFile=$LOG_DIR/slurmd.log
 SlurmctldPort=6817
-SlurmdPort=6818
+$slurmd_files
 MpiDefault=none
 # No mail is ever sent (and no mailer need be installed).
 MailProg=/bin/true
@@ -168,7 +191,7 @@ MailProg=/bin/true
 ReturnToService=2
 # Finished jobs leave the controller's memory quickly; sacct keeps them.
 MinJobAge=60
-NodeName=$NODE NodeAddr=127.0.0.1 $hw State=UNKNOWN
+$node_lines
 # OverSubscribe=FORCE:4: each core takes up to 4 jobs at once. ftexp nests jobs: a run submitted with
 # launcher.wait=false, or a -m sweep point, is a job that holds its CPUs while it submits the per-side
 # training jobs and waits for them. On a 2-CPU node, exclusive cores would let two such waiting jobs
@@ -268,14 +291,28 @@ start_slurmctld() {
     wait_until slurmctld "$WAIT_S" scontrol ping
 }
 
+slurmd_pidfile() { if ((NODES == 1)); then echo /run/slurmd.pid; else echo "/run/slurmd-$1.pid"; fi; }
+
+# Every slurmd pid file there is, this layout's or an earlier one's (one node <-> N nodes).
+# (not /run/slurmd*.pid: that would match slurmdbd's)
+all_slurmd_pidfiles() { compgen -G "/run/slurmd.pid" || true; compgen -G "/run/slurmd-*.pid" || true; }
+
 start_slurmd() {
-    if pid_alive /run/slurmd.pid && ! restarting slurm; then return; fi
-    stop_pidfile slurmd /run/slurmd.pid  # running jobs' slurmstepd processes carry on without it
-    slurmd
+    local name pidfile f up=1
+    for name in "${NODE_NAMES[@]}"; do pid_alive "$(slurmd_pidfile "$name")" || up=0; done
+    if ((up)) && ! restarting slurm; then return; fi
+    # running jobs' slurmstepd processes carry on without their slurmd
+    for f in $(all_slurmd_pidfiles); do stop_pidfile slurmd "$f"; done
+    for name in "${NODE_NAMES[@]}"; do
+        if ((NODES == 1)); then slurmd; else mkdir -p "/var/spool/slurmd/$name" && slurmd -N "$name"; fi
+    done
 }
 
-# Usable: idle, mix or alloc with no suffix (idle* = not responding, idle~ = powered down, ...).
-node_idle() { sinfo -h -N -n "$NODE" -o '%t' | grep -Eq '^(idle|mix|alloc)$'; }
+# Usable: idle, mix or alloc with no suffix (idle* = not responding, idle~ = powered down, ...) — every node.
+node_idle() {
+    local name
+    for name in "${NODE_NAMES[@]}"; do sinfo -h -N -n "$name" -o '%t' | grep -Eq '^(idle|mix|alloc)$' || return 1; done
+}
 
 start() {
     need_root
@@ -290,14 +327,14 @@ start() {
     start_slurmdbd
     start_slurmctld
     start_slurmd
-    wait_until "node $NODE (idle in sinfo)" "$WAIT_S" node_idle
+    wait_until "node(s) ${NODE_NAMES[*]} (idle in sinfo)" "$WAIT_S" node_idle
     wait_until "sacct (accounting)" "$WAIT_S" sacct -n -X -a -S now-1minutes
     TIMINGS[slurm]=$(elapsed "$t")
     local state
-    state=$(sinfo -h -N -n "$NODE" -o '%t %c')
+    state=$(sinfo -h -N -o '%N %t %c' | sort -u | paste -sd, -)
     echo "slurm_local: up in $(elapsed "$T0")s (packages: ${TIMINGS[install]:+installed in }${TIMINGS[install]:-already there}${TIMINGS[install]:+s}," \
         "munge+mariadb ${TIMINGS[mariadb]}s, slurmdbd+slurmctld+slurmd ${TIMINGS[slurm]}s);" \
-        "node $NODE $state cpus, partition $PARTITION, cluster $CLUSTER, reached at 127.0.0.1"
+        "nodes: $state cpus, partition $PARTITION, cluster $CLUSTER, reached at 127.0.0.1"
 }
 
 stop_pidfile() {
@@ -310,7 +347,8 @@ stop_pidfile() {
 
 stop() {
     need_root
-    stop_pidfile slurmd /run/slurmd.pid
+    local f
+    for f in $(all_slurmd_pidfiles); do stop_pidfile slurmd "$f"; done
     stop_pidfile slurmctld /run/slurmctld.pid
     stop_pidfile slurmdbd /run/slurmdbd.pid
     if mysqladmin ping >/dev/null 2>&1; then
@@ -322,7 +360,12 @@ stop() {
 
 status() {
     local d pidfile rc=0
-    for d in munged:/run/munge/munged.pid slurmdbd:/run/slurmdbd.pid slurmctld:/run/slurmctld.pid slurmd:/run/slurmd.pid; do
+    local name
+    for name in "${NODE_NAMES[@]}"; do
+        pidfile=$(slurmd_pidfile "$name")
+        if pid_alive "$pidfile"; then echo "slurmd $name: running (pid $(cat "$pidfile"))"; else echo "slurmd $name: stopped"; rc=1; fi
+    done
+    for d in munged:/run/munge/munged.pid slurmdbd:/run/slurmdbd.pid slurmctld:/run/slurmctld.pid; do
         pidfile=${d#*:}
         if pid_alive "$pidfile"; then echo "${d%%:*}: running (pid $(cat "$pidfile"))"; else echo "${d%%:*}: stopped"; rc=1; fi
     done

@@ -24,6 +24,8 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from ftexp.errors import RunDirError, file_error
+
 log = logging.getLogger(__name__)
 
 
@@ -121,6 +123,22 @@ class TrainAdvantageComputationEvent(_Event):
     witness_ids: list[list[int]]
 
 
+class CellLifecycleEvent(_Event):
+    """A step of a cell's way out of the quorum and back, as the driver saw it (the soak's timeline).
+
+    ``failed``: a call on the cell raised (its process died, or it errored) — the driver's detection;
+    ``stopped`` / ``start_requested``: the cell was suspended / resumed (by the control plane or a
+    test action, named in ``by``). The rest of the way back is the reconfigure event that heals it.
+    """
+
+    type: Literal["cell_lifecycle"] = "cell_lifecycle"
+    cell_index: int
+    transition: Literal["failed", "stopped", "start_requested"]
+    by: str = ""                      # who asked: "control_plane", "test_action", or the failed call
+    rollout_id: int | None = None
+    attempt: int | None = None
+
+
 class ControlServerStartedEvent(_Event):
     """Where the run's control server listens (port 0 in the config means a free port was picked)."""
 
@@ -151,6 +169,7 @@ Event = Annotated[
         TrainAdvantageComputationEvent,
         FaultInjectedEvent,
         ControlServerStartedEvent,
+        CellLifecycleEvent,
     ],
     Field(discriminator="type"),
 ]
@@ -205,21 +224,30 @@ def parse_event(line: str) -> Event:
 def read_events(events_dir: str | Path, *, strict: bool = True) -> list[Event]:
     """All events under ``events_dir`` (``**/*.jsonl`` sorted by path, then line order).
 
-    ``strict`` (the verifier's default) raises on an unparseable line: a corrupt audit trail
-    must not read as an empty or passing one. A missing directory yields ``[]``.
+    ``strict`` (the verifier's default) raises RunDirError (a ValueError), one line naming the
+    file and line, on an unparseable line or an unreadable file: a corrupt audit trail must not
+    read as an empty or passing one. A missing directory yields ``[]``.
     """
     root = Path(events_dir)
     events: list[Event] = []
     if not root.is_dir():
         return events
     for path in sorted(root.glob("**/*.jsonl")):
-        for lineno, line in enumerate(path.read_text().splitlines(), 1):
+        try:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError) as e:  # not permitted, vanished, or not text at all
+            if strict:
+                raise file_error(path, e, "event log") from e
+            log.warning("skipping unreadable event log %s: %s", path, e)
+            continue
+        for lineno, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
             try:
                 events.append(parse_event(line))
             except (ValidationError, json.JSONDecodeError) as e:
                 if strict:
-                    raise ValueError(f"{path}:{lineno}: not a valid event: {e.errors()[0]['msg'] if isinstance(e, ValidationError) else e}") from e
+                    cause = e.errors()[0]["msg"] if isinstance(e, ValidationError) else str(e)
+                    raise RunDirError(f"{path}:{lineno}: not a valid event: {cause}") from e
                 log.warning("skipping unparseable event %s:%d", path, lineno)
     return events

@@ -40,10 +40,10 @@ class ActorCellHandle:
         return compute_cell_status(self.group.cells[self.index].state.value, self.checker.status)
 
     def suspend(self) -> None:
-        self.group.stop_cell(self.index)
+        self.group.stop_cell(self.index, by="control_plane")
 
     def resume(self) -> None:
-        self.group.start_cell(self.index)
+        self.group.start_cell(self.index, by="control_plane")
 
     def inject_fault(self, mode: FailureMode, sub_index: int) -> None:
         cell = self.group.cells[self.index]

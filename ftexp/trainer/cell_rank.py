@@ -16,8 +16,9 @@ import datetime as dt
 import logging
 import os
 import sys
+import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import ray
 import torch
@@ -40,6 +41,38 @@ from ftexp.trainer.step import record_metrics, train_step
 
 log = logging.getLogger(__name__)
 NORMAL, DISCARDED = "normal", "discarded_should_retry"
+RELEASE_POLL_S = 0.02
+
+
+class CollectiveReleased(RuntimeError):
+    """The driver saw a peer cell die and released this rank from the cross-cell collective."""
+
+
+def run_releasable(collective: Callable[[], None], released: threading.Event) -> None:
+    """Run a blocking cross-cell collective, but give up as soon as ``released`` is set.
+
+    A gloo collective cannot be interrupted: with a dead peer it returns only at its timeout. The
+    driver learns of the death at once (Ray reports it) and sets ``released`` through an RPC that
+    runs beside the training call; the rank then stops waiting and voids the attempt. The
+    abandoned thread ends at the collective's timeout and writes only into the attempt's own flat
+    buffer, which nobody reads again, on a group that is never used again.
+    """
+    done, errors = threading.Event(), []
+
+    def target() -> None:
+        try:
+            collective()
+        except BaseException as e:  # handed to the caller's thread
+            errors.append(e)
+        finally:
+            done.set()
+
+    threading.Thread(target=target, name="cross-cell-collective", daemon=True).start()
+    while not done.wait(RELEASE_POLL_S):
+        if released.is_set():
+            raise CollectiveReleased("released by the driver: a peer cell died")
+    if errors:
+        raise errors[0]
 
 
 # Heartbeats and fault injection get their own concurrency groups, so they are served while a
@@ -64,6 +97,7 @@ class CellRank:
         self.replica = engine.build_replica(spec.trainer, spec.mode, seed=spec.seed, deterministic=spec.deterministic)
         self.info: IndepDPInfo | None = None
         self.pg: ProcessGroupGloo | None = None
+        self.released = threading.Event()  # set once the driver saw a peer of this quorum die
         self.last_active, self.bump_count = time.time(), 0
 
     def _join_cell_world(self, incarnation: int) -> None:
@@ -88,6 +122,12 @@ class CellRank:
         sys.stdout.flush()
         inject_fault(mode)
 
+    @ray.method(concurrency_group="heartbeat")
+    def release_collectives(self, quorum_id: int) -> None:
+        """A peer cell of quorum ``quorum_id`` died: stop waiting for it in the cross-cell collective."""
+        if self.info is not None and self.info.quorum_id == quorum_id:
+            self.released.set()
+
     def _bump(self) -> None:
         self.last_active, self.bump_count = time.time(), self.bump_count + 1
 
@@ -96,6 +136,7 @@ class CellRank:
         """Drop the old cross-cell group and join the one of ``info.quorum_id``."""
         self.pg = None
         self.info = info
+        self.released.clear()
         if info.alive_size > 1:
             pg = ProcessGroupGloo(timeout=dt.timedelta(seconds=self.spec.trainer.cross_cell_timeout_s))
             pg.configure(f"{self.store_addr}/indep_dp/gloo/{info.quorum_id}/{self.rank}",
@@ -156,8 +197,10 @@ class CellRank:
         def reduce_across_cells(flat: torch.Tensor) -> bool:
             if self.pg is None:
                 return True
+            pg = self.pg
             try:
-                sum_across(self.pg, flat, world_size=info.alive_size, deterministic=spec.deterministic, torchft=True)
+                run_releasable(lambda: sum_across(pg, flat, world_size=info.alive_size, deterministic=spec.deterministic,
+                                                  torchft=True), self.released)
                 return True
             except Exception as e:  # a dead or frozen peer: this attempt is void
                 log.warning("cross-cell reduce failed at rollout %d attempt %d: %s", rollout_id, attempt, e)

@@ -43,10 +43,10 @@ def _group_actions(spec: JobSpec, group: TrainGroup, rollout_id: int) -> None:
     for action in spec.plan.group_actions_after(rollout_id):
         if action.action == TestActionKind.stop_cell_at_end:
             log.info("test action: stop cell %d after rollout %d", action.cell, rollout_id)
-            group.stop_cell(action.cell)
+            group.stop_cell(action.cell, by="test_action")
         else:
             log.info("test action: start cell %d after rollout %d", action.cell, rollout_id)
-            group.start_cell(action.cell)
+            group.start_cell(action.cell, by="test_action")
 
 
 class StepWatchdog:

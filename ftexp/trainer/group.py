@@ -21,7 +21,7 @@ from typing import Any
 
 import ray
 
-from ftexp.audit.events import CellReconfigureEvent, EventLogger, TrainGroupStepEndEvent
+from ftexp.audit.events import CellLifecycleEvent, CellReconfigureEvent, EventLogger, TrainGroupStepEndEvent
 from ftexp.audit.witness import WitnessIdAllocator, WitnessInfo, allocation_event
 from ftexp.trainer.cell import Cell, CellState, IndepDPInfo
 from ftexp.trainer.cell_rank import DISCARDED, NORMAL
@@ -62,10 +62,16 @@ class TrainGroup:
     def alive_indices(self) -> list[int]:
         return [c.index for c in self.cells if c.is_alive]
 
-    def stop_cell(self, index: int) -> None:
+    def stop_cell(self, index: int, by: str) -> None:
+        """Suspend a cell (kill its ranks); ``by`` names who asked, for the event log."""
+        if self.cells[index].state != CellState.STOPPED:
+            self.events.log(CellLifecycleEvent(cell_index=index, transition="stopped", by=by))
         self.cells[index].stop()
 
-    def start_cell(self, index: int) -> None:
+    def start_cell(self, index: int, by: str) -> None:
+        """Resume a stopped cell: it becomes Pending, and the next refresh allocates and heals it."""
+        if self.cells[index].state == CellState.STOPPED:
+            self.events.log(CellLifecycleEvent(cell_index=index, transition="start_requested", by=by))
         self.cells[index].start()
 
     def refresh(self, rollout_id: int) -> CellReconfigureEvent | None:
@@ -202,10 +208,22 @@ class TrainGroup:
                 ray.get(ready)
             except Exception as e:
                 failed[index] = e
-                self.cells[index].fail()
+                self.events.log(CellLifecycleEvent(cell_index=index, transition="failed", by=type(e).__name__))
                 pending = [r for r in pending if owner[r] != index]
+                self._release_peers({owner[r] for r in pending})
+                self.cells[index].fail()
         return {index: failed[index] if index in failed else ray.get(cell_refs)
                 for index, cell_refs in sorted(refs.items())}
+
+    def _release_peers(self, indices: set[int]) -> None:
+        """Tell the ranks of these cells to stop waiting in their cross-cell collective (a peer died).
+
+        Fire and forget: a cell that is itself dead or already past its collective ignores it.
+        """
+        for index in sorted(indices):
+            cell = self.cells[index]
+            if cell.is_alive and cell.info is not None:
+                cell.submit("release_collectives", cell.info.quorum_id)
 
     # ---- first-alive-cell actions ------------------------------------------------------------------
     def execute_first_alive(self, method: str, *args: Any) -> list[Any]:

@@ -23,6 +23,12 @@ def test_ft_random_survives_injected_faults(tmp_path):
     assert len(recoveries) >= 2 and recoveries[0]["mode"] == "deadlock"
     assert recoveries[0]["recovery_s"] is not None, "the deadlocked cell was detected, replaced and healed"
     assert 0 < recoveries[0]["detection_s"] <= recoveries[0]["recovery_s"]
+    # Each healed injection's timeline is in order: detected, relaunch requested, allocated, healed.
+    for row in recoveries:
+        if row["recovery_s"] is not None:
+            steps = [row["detection_s"], row["relaunch_requested_s"], row["allocated_s"], row["recovery_s"]]
+            assert None not in steps and steps == sorted(steps), row
+    assert set(checks["injections"]["details"]["by_kind"]) == {r["mode"] for r in recoveries}
     assert len(checks["heals"]["details"]["heals"]) >= 2
     assert checks["target_event_analyzer"]["passed"]
     # the control server's port was picked freely and recorded in the events

@@ -4,20 +4,26 @@ The actors here are scripted stand-ins for a cell's ranks (they answer init/reco
 told); the real CellRank runs in the end-to-end scenario tests.
 """
 
+import threading
+import time
+
 import pytest
 import ray
 
-from ftexp.audit.events import CellReconfigureEvent, EventLogger, ProcessIdentity, read_events
+from ftexp.audit.events import CellLifecycleEvent, CellReconfigureEvent, EventLogger, ProcessIdentity, read_events
 from ftexp.config import TrainerConfig
 from ftexp.trainer.cell import Cell, CellState
 from ftexp.trainer.driver import start_local_ray
-from ftexp.trainer.group import TrainGroup
+from ftexp.trainer.group import RetryableStepError, TrainGroup
 
 
-@ray.remote(num_cpus=0, max_restarts=0)
+@ray.remote(num_cpus=0, max_restarts=0, concurrency_groups={"heartbeat": 1})
 class ScriptedRank:
-    def __init__(self, cell_index: int):
-        self.cell_index, self.calls = cell_index, []
+    def __init__(self, cell_index: int, train: str = "normal"):
+        # train: "normal"; "fail" (the cell dies mid-step); "collective" (block as in a cross-cell
+        # collective with a peer, until the driver releases it)
+        self.cell_index, self.calls, self.train_behaviour = cell_index, [], train
+        self.released = threading.Event()
 
     def ping(self):
         return True
@@ -31,7 +37,18 @@ class ScriptedRank:
         return {"ok": True, "configure_s": 0.0, "transfer_s": 0.0, "bytes": 100 * len(send_to)}
 
     def train(self, rollout_id, attempt, witness):
+        if self.train_behaviour == "fail":
+            raise RuntimeError("scripted death mid-step")
+        if self.train_behaviour == "collective":
+            released = self.released.wait(60)
+            self.calls.append(("released" if released else "timed out", rollout_id))
+            return "discarded_should_retry", None
         return "normal", {"train/loss": 0.0}
+
+    @ray.method(concurrency_group="heartbeat")
+    def release_collectives(self, quorum_id):
+        self.calls.append(("release", quorum_id))
+        self.released.set()
 
     def get_calls(self):
         return self.calls
@@ -40,8 +57,6 @@ class ScriptedRank:
         raise RuntimeError("scripted failure")
 
     def block(self):
-        import time
-
         time.sleep(600)  # a rank stuck in a collective with a dead peer
 
 
@@ -99,8 +114,6 @@ def test_incarnation_counts_allocations():
 
 def test_a_failing_rank_fails_its_cell_without_waiting_for_blocked_peers():
     """Rank 1 fails while rank 0 blocks (as in a collective with it): the cell is stopped at once."""
-    import time
-
     cell = _cell(ranks=2)
     cell.allocate()
     started = time.monotonic()
@@ -127,13 +140,13 @@ def test_refresh_without_change_is_a_no_op(tmp_path):
 
 def test_stop_stop_start_bumps_quorum_each_time_and_heals_from_lowest_alive(tmp_path):
     group = _group(tmp_path)
-    group.stop_cell(0)
+    group.stop_cell(0, by="test")
     shrink = group.refresh(1)
     assert (group.quorum_id, shrink.src_cell_index, shrink.alive_cell_indices_after) == (1, None, [1, 2])
-    group.stop_cell(2)
+    group.stop_cell(2, by="test")
     assert group.refresh(2).alive_cell_indices_after == [1] and group.quorum_id == 2
-    group.start_cell(0)
-    group.start_cell(2)
+    group.start_cell(0, by="test")
+    group.start_cell(2, by="test")
     heal = group.refresh(3)
     assert group.quorum_id == 3
     assert (heal.src_cell_index, heal.healed_cell_indices, heal.alive_cell_indices_after) == (1, [0, 2], [0, 1, 2])
@@ -145,8 +158,25 @@ def test_stop_stop_start_bumps_quorum_each_time_and_heals_from_lowest_alive(tmp_
 
 def test_stop_then_start_before_refresh_is_one_heal(tmp_path):
     group = _group(tmp_path, n=2)
-    group.stop_cell(1)
-    group.start_cell(1)
+    group.stop_cell(1, by="test")
+    group.start_cell(1, by="test")
     group.train(5)
     events = [e for e in read_events(tmp_path / "events") if isinstance(e, CellReconfigureEvent)]
     assert [(e.src_cell_index, e.healed_cell_indices) for e in events] == [(0, [1])]
+
+
+def test_a_dead_cell_releases_its_peers_from_the_collective_at_once(tmp_path):
+    """Cells 0 and 1 wait in a collective with cell 2, which dies: they are released at once, not at a timeout."""
+    events = EventLogger(tmp_path / "events", ProcessIdentity(component="main"))
+    behaviour = {0: "collective", 1: "collective", 2: "fail"}
+    group = TrainGroup(3, 1, lambda c, r, incarnation: ScriptedRank.remote(c, behaviour[c]), events, TrainerConfig())
+    group.init(load_rollout_id=None)
+    started = time.monotonic()
+    with pytest.raises(RetryableStepError):
+        group._attempt(0, 0)
+    assert time.monotonic() - started < 5  # the scripted collective would wait 60 s
+    for survivor in (0, 1):
+        assert ray.get(group.cells[survivor].actors[0].get_calls.remote())[-2:] == [("release", 0), ("released", 0)]
+    [failed] = [e for e in read_events(tmp_path / "events") if isinstance(e, CellLifecycleEvent)]
+    assert (failed.cell_index, failed.transition) == (2, "failed")
+    group.shutdown()

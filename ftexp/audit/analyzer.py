@@ -10,8 +10,8 @@ a dump comparison alone cannot see optimizer state.
 samples of every committed attempt so far — none missing (lost), none extra (a discarded
 attempt, or a retried one, that still reached the weights). See ``witness`` below.
 
-The driver runs the analyzer before every rollout (fail fast) and the verifier runs it again on
-the finished log.
+The driver runs the rules before every rollout (fail fast) through ``IncrementalAnalyzer``, which
+reads each event once; the verifier runs the batch rules (``analyze``) again on the finished log.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Iterable, TypeVar
 
-from ftexp.audit.events import (TrainAdvantageComputationEvent,
+from ftexp.audit.events import (EventTail, TrainAdvantageComputationEvent,
                                 TrainEngineLocalWeightChecksumEvent, TrainGroupStepEndEvent, WitnessAllocateIdEvent,
                                 WitnessSnapshotParamEvent)
 from ftexp.audit.witness import in_ranges
@@ -186,3 +186,88 @@ def raise_on_issues(events: list[Any]) -> None:
     issues = analyze(events)
     if issues:
         raise EventAnalysisError(issues)
+
+
+class IncrementalAnalyzer:
+    """The rules above, fed each event of a growing log once; ``check`` returns the new issues.
+
+    What later events can still be checked against is all it keeps: per (rollout, attempt, rank)
+    the first checksum state, the witness allocations, advantages and snapshots of rollouts not
+    yet committed, and the running expected/excused witness ids. A commit (step-end event) is
+    checked when it is read — every event of its rollout was written before it — and its
+    rollout's buffers are dropped, so a long run costs the same per rollout at its end as at its
+    start. On a finished log it finds the same issues as ``analyze``.
+    """
+
+    def __init__(self, events_dir):
+        self.tail = EventTail(events_dir)
+        self._checksum_refs: dict[tuple[int, int, int], tuple[str, dict[str, Any]]] = {}
+        self._allocated: dict[int, dict[int, set[int]]] = defaultdict(dict)     # rollout -> attempt -> ids
+        self._zero_advantage: dict[int, dict[int, set[int]]] = defaultdict(lambda: defaultdict(set))
+        self._snapshots: dict[tuple[int, int], dict[int, list[WitnessSnapshotParamEvent]]] = defaultdict(
+            lambda: defaultdict(list))
+        self._witness_on = False
+        self._expected: set[int] = set()
+        self._excused: set[int] = set()
+
+    def check(self) -> list[AnalyzerIssue]:
+        issues: list[AnalyzerIssue] = []
+        commits = []
+        for e in self.tail.read_new():
+            if isinstance(e, TrainEngineLocalWeightChecksumEvent):
+                issues += self._checksum(e)
+            elif isinstance(e, WitnessAllocateIdEvent):
+                self._witness_on = True
+                self._allocated[e.rollout_id][e.attempt] = set(e.witness_id_to_sample_index)
+            elif isinstance(e, TrainAdvantageComputationEvent):
+                self._zero_advantage[e.rollout_id][e.attempt] |= _zero_advantage_ids([e], issues)
+            elif isinstance(e, WitnessSnapshotParamEvent):
+                self._snapshots[(e.rollout_id, e.source.cell_index)][e.attempt].append(e)
+            elif isinstance(e, TrainGroupStepEndEvent):
+                commits.append(e)
+        for step in commits:
+            issues += self._commit(step)
+        return issues
+
+    def _checksum(self, e: TrainEngineLocalWeightChecksumEvent) -> list[AnalyzerIssue]:
+        rank = e.source.rank_within_cell if e.source.rank_within_cell is not None else -1
+        state = _flatten(e.state)
+        ref = self._checksum_refs.setdefault((e.rollout_id, e.attempt, rank), (e.source.process_name, state))
+        differing = _differing_keys(ref[1], state)
+        if not differing:
+            return []
+        return [AnalyzerIssue("cross_replica_weight_checksum", e.rollout_id,
+                              f"attempt {e.attempt}: {ref[0]} and {e.source.process_name} differ in "
+                              f"{len(differing)} entries, e.g. {differing[:3]}")]
+
+    def _commit(self, step: TrainGroupStepEndEvent) -> list[AnalyzerIssue]:
+        r = step.rollout_id
+        issues: list[AnalyzerIssue] = []
+        if self._witness_on:
+            attempts = self._allocated.pop(r, {})
+            new = attempts[max(attempts)] if attempts else set()
+            zero_by_attempt = self._zero_advantage.pop(r, {})
+            zero = zero_by_attempt[max(zero_by_attempt)] if zero_by_attempt else set()
+            self._expected |= new
+            self._excused = (self._excused - new) | zero
+            for cell, outcome in sorted(step.cell_outcomes.items()):
+                if outcome == "error" or any(o != "normal" for o in outcome):
+                    continue
+                by_attempt = self._snapshots.get((r, cell))
+                if not by_attempt:
+                    issues.append(AnalyzerIssue("witness", r, f"cell {cell} committed but logged no witness snapshot"))
+                    continue
+                for snap in by_attempt[max(by_attempt)]:
+                    stale = snap.stale_id_ranges
+                    want = {i for i in self._expected - self._excused if not in_ranges(i, stale)}
+                    have = {i for i in snap.nonzero_witness_ids if not in_ranges(i, stale)}
+                    if want != have:
+                        missing, extra = want - have, have - want
+                        issues.append(AnalyzerIssue(
+                            "witness", r, f"cell {cell} {snap.source.process_name} {snap.instance_id} attempt "
+                                          f"{snap.attempt}: missing {_show(missing)}, extra {_show(extra)}"))
+        for key in [k for k in self._snapshots if k[0] <= r]:
+            del self._snapshots[key]
+        for key in [k for k in self._checksum_refs if k[0] < r]:
+            del self._checksum_refs[key]
+        return issues

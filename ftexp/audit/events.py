@@ -139,6 +139,21 @@ class CellLifecycleEvent(_Event):
     attempt: int | None = None
 
 
+class TrainResumeEvent(_Event):
+    """A job resumed from a checkpoint: logged once, after its state and event log were restored.
+
+    ``loaded_rollout_ids`` is what the loaded rank states say they last committed (one entry per
+    loaded state file); ``witness_counter`` the witness counter the job continues from, read from
+    the restored event log.
+    """
+
+    type: Literal["train_resume"] = "train_resume"
+    checkpoint_rollout_id: int
+    loaded_rollout_ids: list[int]
+    first_rollout_id: int
+    witness_counter: int
+
+
 class ControlServerStartedEvent(_Event):
     """Where the run's control server listens (port 0 in the config means a free port was picked)."""
 
@@ -170,6 +185,7 @@ Event = Annotated[
         FaultInjectedEvent,
         ControlServerStartedEvent,
         CellLifecycleEvent,
+        TrainResumeEvent,
     ],
     Field(discriminator="type"),
 ]
@@ -221,8 +237,33 @@ def parse_event(line: str) -> Event:
     return _EVENT_ADAPTER.validate_json(line)
 
 
+# The verifier's checks each ask for the same few event dirs: parse each dir once while its files
+# are unchanged (the key holds every file's size and modification time).
+_CACHE_SIZE = 8
+_cache: dict[tuple, list] = {}
+
+
 def read_events(events_dir: str | Path, *, strict: bool = True) -> list[Event]:
     """All events under ``events_dir`` (``**/*.jsonl`` sorted by path, then line order).
+
+    Parsed once per state of the files: a later call on unchanged files returns a copy of the
+    same list.
+    """
+    root = Path(events_dir)
+    try:
+        key = (str(root.resolve()), strict, tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns)
+                                                  for p in sorted(root.glob("**/*.jsonl"))))
+    except OSError:  # a file vanished meanwhile: read without the cache
+        return _read_events(root, strict=strict)
+    if key not in _cache:
+        if len(_cache) >= _CACHE_SIZE:
+            del _cache[next(iter(_cache))]
+        _cache[key] = _read_events(root, strict=strict)
+    return list(_cache[key])
+
+
+def _read_events(events_dir: Path, *, strict: bool) -> list[Event]:
+    """``read_events`` without the cache.
 
     ``strict`` (the verifier's default) raises RunDirError (a ValueError), one line naming the
     file and line, on an unparseable line or an unreadable file: a corrupt audit trail must not
@@ -251,3 +292,32 @@ def read_events(events_dir: str | Path, *, strict: bool = True) -> list[Event]:
                     raise RunDirError(f"{path}:{lineno}: not a valid event: {cause}") from e
                 log.warning("skipping unparseable event %s:%d", path, lineno)
     return events
+
+
+class EventTail:
+    """Reads an event dir incrementally: each call returns only the events appended since the last.
+
+    Per file it remembers how many bytes it consumed and parses only whole new lines, so a long
+    run's log is read once in total, not once per rollout. Files are visited in path order, like
+    ``read_events``.
+    """
+
+    def __init__(self, events_dir: str | Path):
+        self.root = Path(events_dir)
+        self._offsets: dict[Path, int] = {}
+
+    def read_new(self) -> list[Event]:
+        events: list[Event] = []
+        if not self.root.is_dir():
+            return events
+        for path in sorted(self.root.glob("**/*.jsonl")):
+            offset = self._offsets.get(path, 0)
+            with open(path, "rb") as f:
+                f.seek(offset)
+                chunk = f.read()
+            complete = chunk[: chunk.rfind(b"\n") + 1]  # a line still being written waits for the next call
+            self._offsets[path] = offset + len(complete)
+            for line in complete.decode().splitlines():
+                if line.strip():
+                    events.append(parse_event(line))
+        return events

@@ -16,8 +16,8 @@ import time
 
 import ray
 
-from ftexp.audit.analyzer import raise_on_issues
-from ftexp.audit.events import ControlServerStartedEvent, EventLogger, ProcessIdentity, read_events
+from ftexp.audit.analyzer import EventAnalysisError, IncrementalAnalyzer
+from ftexp.audit.events import ControlServerStartedEvent, EventLogger, ProcessIdentity
 from ftexp.audit.witness import WitnessIdAllocator
 from ftexp.control.train_cells import ControlPlane
 from ftexp.engines.registry import get_engine
@@ -87,6 +87,13 @@ def _start_control_plane(spec: JobSpec, group: TrainGroup, events: EventLogger) 
     return plane
 
 
+def _fail_fast(analyzer: IncrementalAnalyzer) -> None:
+    """Stop the run at the first broken rule instead of training on from a corrupt state."""
+    issues = analyzer.check()
+    if issues:
+        raise EventAnalysisError(issues)
+
+
 def run_ft_driver(spec: JobSpec) -> None:
     witness_counter = start_event_log(spec)
     events = EventLogger(spec.side_dir.events, ProcessIdentity(component="main"))
@@ -95,6 +102,7 @@ def run_ft_driver(spec: JobSpec) -> None:
         witness = WitnessIdAllocator(spec.trainer.witness_buffer_size)
         witness.resume(witness_counter)
     rollouts = spec.rollout_ids()
+    analyzer = IncrementalAnalyzer(spec.side_dir.events)
     ranks = get_engine(spec.trainer.engine).ranks_per_replica(spec.mode)
     start_local_ray(num_cpus=max(2, spec.num_cells * ranks))
     store = LoopbackStore()
@@ -110,7 +118,7 @@ def run_ft_driver(spec: JobSpec) -> None:
         if soak is not None:
             watchdog = StepWatchdog(group, soak.step_deadline_s)
         for rollout_id in rollouts:
-            raise_on_issues(read_events(spec.side_dir.events))  # fail fast on the previous rollout's events
+            _fail_fast(analyzer)  # on the previous rollout's events
             if soak is not None:
                 time.sleep(soak.simulated_rollout_s)  # "generation": the window in which faults land
             started = time.monotonic()
@@ -123,7 +131,7 @@ def run_ft_driver(spec: JobSpec) -> None:
             _group_actions(spec, group, rollout_id)
             if spec.should_save(rollout_id):
                 group.execute_first_alive("save", rollout_id)
-        raise_on_issues(read_events(spec.side_dir.events))
+        _fail_fast(analyzer)
     finally:
         if watchdog is not None:
             watchdog.stop()

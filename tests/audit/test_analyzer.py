@@ -2,7 +2,7 @@
 
 import pytest
 
-from ftexp.audit.analyzer import (EventAnalysisError, analyze, cross_replica_weight_checksum,
+from ftexp.audit.analyzer import (EventAnalysisError, IncrementalAnalyzer, analyze, cross_replica_weight_checksum,
                                   raise_on_issues, witness)
 from ftexp.audit.events import (EventLogger, ProcessIdentity,
                                 TrainAdvantageComputationEvent, TrainEngineLocalWeightChecksumEvent,
@@ -211,3 +211,58 @@ def test_cross_replica_checksums_must_agree_per_rollout_and_attempt():
     assert cross_replica_weight_checksum([checksum(0, 0, 0), checksum(1, 0, 0), checksum(1, 1, 0, "z")]) == []
     [issue] = cross_replica_weight_checksum([checksum(0, 0, 0), checksum(1, 0, 0, exp_avg="c")])
     assert issue.rule == "cross_replica_weight_checksum" and "optimizer_hashes.w.exp_avg" in issue.description
+
+
+# ---- the incremental analyzer the driver runs before every rollout --------------------------------
+def _write(events_dir, log):
+    """Each event into its process's file, as the run's processes write them."""
+    for e in log:
+        EventLogger(events_dir, e.source).log(e)
+
+
+def _logs():
+    with_checksums = sound_log() + [checksum(0, 0, 0), checksum(1, 0, 0, exp_avg="c")]
+    return {
+        "sound": sound_log(),
+        "lost": replace_snapshots(sound_log(), 1, 1, set(range(4)) | {8, 9, 11}),
+        "discarded_reached_weights": replace_snapshots(sound_log(), 1, 0, set(range(12))),
+        "wrong_attempt_allocation": replace_snapshots(sound_log(), 1, 0, set(range(8)), attempt=1),
+        "no_snapshot": [e for e in sound_log() if not (isinstance(e, WitnessSnapshotParamEvent) and e.rollout_id == 0
+                                                       and e.source.cell_index == 1)],
+        "checksums": with_checksums,
+    }
+
+
+@pytest.mark.parametrize("name", list(_logs()))
+def test_incremental_analysis_finds_what_the_batch_rules_find(tmp_path, name):
+    log = _logs()[name]
+    whole = tmp_path / "whole"
+    _write(whole, log)
+    batch = sorted(str(i) for i in analyze(read_events(whole)))
+    assert sorted(str(i) for i in IncrementalAnalyzer(whole).check()) == batch
+    # Fed as the driver sees it: a rollout's events before its commit, the log checked after each commit.
+    log = sorted(log, key=lambda e: (e.rollout_id, isinstance(e, TrainGroupStepEndEvent)))
+    growing, analyzer, found = tmp_path / "growing", None, []
+    commits = [i for i, e in enumerate(log) if isinstance(e, TrainGroupStepEndEvent)] + [len(log) - 1]
+    start = 0
+    for end in commits:
+        _write(growing, log[start:end + 1])
+        start = end + 1
+        analyzer = analyzer or IncrementalAnalyzer(growing)
+        found += [str(i) for i in analyzer.check()]
+    assert sorted(found) == batch
+    assert (name == "sound") == (batch == [])
+
+
+def test_incremental_analysis_reads_each_line_once_and_waits_for_whole_lines(tmp_path):
+    _write(tmp_path, sound_log()[:3])
+    analyzer = IncrementalAnalyzer(tmp_path)
+    assert analyzer.check() == [] and analyzer.tail.read_new() == []
+    main = tmp_path / "main.jsonl"
+    line = commit(0, 0, {0: ["normal"], 1: ["normal"]}).model_dump_json()
+    with open(main, "a") as f:
+        f.write(line[:20])  # a line still being written
+    assert analyzer.tail.read_new() == []
+    with open(main, "a") as f:
+        f.write(line[20:] + "\n")
+    assert [type(e) for e in analyzer.tail.read_new()] == [TrainGroupStepEndEvent]

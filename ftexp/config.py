@@ -37,7 +37,7 @@ class ModelConfig:
     n_layers: int = 2
     n_heads: int = 2
     max_seq_len: int = 48
-    seed: int = 0
+    seed: int = 0                 # the initial weights; conf/config.yaml makes it the experiment's `seed`
 
     def __post_init__(self) -> None:
         if self.d_model % self.n_heads:
@@ -51,7 +51,7 @@ class RolloutConfig:
     prompt_len: int = 8
     response_len: int = 16
     temperature: float = 1.0
-    seed: int = 1234
+    seed: int = 1234              # the recorded rollouts; conf/config.yaml makes it the experiment's `seed`
 
 
 class Engine(enum.Enum):
@@ -76,6 +76,8 @@ class ModeConfig:
     decoder_last_pipeline_num_layers: Optional[int] = None
     nodes: int = 1
     train_gpus_per_node: int = 0      # 0: a CPU mode
+    # Ranks a node holds on CPU (multi-node placement); 0: the ranks spread evenly over the job's nodes.
+    train_cpus_per_node: int = 0
     rollout_num_engines: int = 0      # > 0: real rollout engines instead of recorded data
     rollout_gpus_per_engine: int = 0
     colocate: bool = False
@@ -181,6 +183,13 @@ class MegatronConfig:
     micro_batch_size: int = 32            # samples per microbatch of Megatron's schedule
 
 
+class ChecksumKind(enum.Enum):
+    """How the per-step weight checksums hash a tensor (equality is all the rules need)."""
+
+    xxh3_128 = "xxh3_128"  # fast, non-cryptographic
+    sha256 = "sha256"
+
+
 @dataclass
 class TrainerConfig:
     engine: Optional[Engine] = None       # None: the mode's first engine
@@ -208,6 +217,10 @@ class TrainerConfig:
     # ftexp.validate resolves it with the engine.
     enable_witness: Optional[bool] = None
     witness_buffer_size: int = 1048576    # ids live in a ring of this size; >= samples per rollout
+    # The per-step audit: witness ids and the weight checksums of every rank after every commit.
+    # false is what a production run would use; the report then says those rules were not run.
+    audit: bool = True
+    checksum: ChecksumKind = ChecksumKind.xxh3_128
 
     @property
     def witness_on(self) -> bool:
@@ -220,6 +233,16 @@ class LauncherKind(enum.Enum):
 
 
 @dataclass
+class RayClusterConfig:
+    """The Ray cluster of a multi-node (``launcher.nodes > 1``) job: task 0 is the head, the others join."""
+
+    # Every node on 127.0.0.1 (the local multi-node cluster, CI). None: loopback when the Slurm node's
+    # NodeAddr is a loopback address, else the node's own address (its NodeAddr, or what Ray finds).
+    loopback: Optional[bool] = None
+    join_timeout_s: float = 180.0         # every node must have joined the head by then, or one clear error
+
+
+@dataclass
 class LauncherConfig:
     name: LauncherKind = LauncherKind.local
     timeout_min: int = 30
@@ -228,7 +251,8 @@ class LauncherConfig:
     # Slurm only (sbatch options); additional_parameters holds any other sbatch option.
     partition: Optional[str] = None
     account: Optional[str] = None
-    nodes: int = 1
+    nodes: int = 1                        # > 1: one Ray cluster across the job's nodes (see RayClusterConfig)
+    ray: RayClusterConfig = field(default_factory=RayClusterConfig)
     cpus_per_task: Optional[int] = None
     gpus_per_node: Optional[int] = None
     additional_parameters: dict[str, Any] = field(default_factory=dict)
@@ -265,6 +289,8 @@ class ExperimentConfig:
     stage: Stage = Stage.run
     phase: Optional[str] = None           # with stage=baseline|target: run only this phase
     run_dir: Optional[str] = None         # with stage=compare (or a side): reuse this run dir
+    # Seeds every rank's RNGs and the soak injector, and (conf/config.yaml) the model's initial weights
+    # and the recorded rollouts unless trainer.model.seed / trainer.rollout.seed are set.
     seed: int = 1
 
 

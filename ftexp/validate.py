@@ -11,15 +11,18 @@ from ftexp.config import ExperimentConfig, Stage
 from ftexp.engines.registry import get_engine
 from ftexp.errors import InputError
 from ftexp.scenarios import load_scenario
+from ftexp.scenarios.checks import MODEL_FEATURES
 from ftexp.verify.dumps import compile_pattern, parse_rules
 
 
 def resolve_defaults(cfg: ExperimentConfig) -> None:
-    """The engine follows the mode (its first engine); the witness follows the engine."""
+    """The engine follows the mode (its first engine); the witness follows the engine and the audit switch."""
     if cfg.trainer.engine is None:
         cfg.trainer.engine = cfg.mode.engines[0]
     if cfg.trainer.enable_witness is None:
-        cfg.trainer.enable_witness = get_engine(cfg.trainer.engine).witness_by_default
+        cfg.trainer.enable_witness = cfg.trainer.audit and get_engine(cfg.trainer.engine).witness_by_default
+    if cfg.trainer.enable_witness and not cfg.trainer.audit:
+        raise InputError("trainer.enable_witness=true needs trainer.audit=true (the witness is part of the audit)")
 
 
 def validate_timeouts(cfg: ExperimentConfig, soak: bool) -> None:
@@ -59,12 +62,16 @@ def validate_phases(cfg: ExperimentConfig) -> None:
 
 
 def validate_thresholds(cfg: ExperimentConfig) -> None:
-    """Parse every rule with the verifier's own parser, so a bad rule fails here with its message."""
+    """Parse every rule with the verifier's own parser, so a bad rule fails here with its message; a
+    rule's model feature must be one the scenarios know (a typo there would make the rule optional)."""
     th = cfg.threshold
     if not th.dumps:
         raise InputError(f"threshold {th.name}: empty dump rule list (end it with a '.*' catch-all)")
-    parse_rules([tuple(r) for r in th.dumps])
-    parse_rules([tuple(r) for r in th.fp32_dumps])
+    for what, rules in (("dumps", th.dumps), ("fp32_dumps", th.fp32_dumps)):
+        for rule in parse_rules([tuple(r) for r in rules]):
+            if rule.feature is not None and rule.feature not in MODEL_FEATURES:
+                raise InputError(f"threshold.{what}: rule {rule.regex!r} is for unknown model feature {rule.feature!r} "
+                                 f"(known: {', '.join(MODEL_FEATURES)})")
     for what, pattern in (("exclude_pattern", th.exclude_pattern), ("allow_skipped_pattern", th.allow_skipped_pattern),
                           ("allow_failed_pattern", th.allow_failed_pattern)):
         if pattern is not None:

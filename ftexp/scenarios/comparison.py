@@ -1,8 +1,8 @@
 """Comparison scenarios: the target must reproduce the baseline, and its fault plan must show.
 
 Every phase is checked the same way — dumps tensor by tensor, metrics key by key, the exact set
-of dump leaves, and the exact list of reconfigure events on each side. What the event log must
-hold is derived from the phase's fault plan alone (never from the outputs): :func:`expect` plays
+of dump leaves, which tensors exist (names, shapes, dtypes on both sides, every rollout), and the
+exact list of reconfigure events on each side. What the event log must hold is derived from the phase's fault plan alone (never from the outputs): :func:`expect` plays
 the plan against the group's rules — a crash shrinks the quorum at its rollout, a cell stopped
 and started after rollout k is healed at k+1 from the lowest-index cell still alive — so a plan
 that hits cell 0, a middle cell or the last cell each names its own shrinks, sources and heals.
@@ -15,10 +15,11 @@ from pathlib import Path
 
 from ftexp.config import ExperimentConfig, PhaseConfig
 from ftexp.faults.plan import FaultPlan, TestActionKind
-from ftexp.rundir import BASELINE, TARGET, side_dir
+from ftexp.rundir import BASELINE, TARGET, dump_leaf_name, side_dir
 from ftexp.scenarios.checks import (check_event_rules, check_faults, check_leaves, check_target_commits,
-                                    recovery_timings)
+                                    model_features, recovery_timings)
 from ftexp.verify.dumps import compare_dumps
+from ftexp.verify.inventory import compare_inventories
 from ftexp.verify.metrics import compare_metrics
 from ftexp.verify.reconfigure import ReconfigureInfo, check_reconfigure_events
 from ftexp.verify.report import CheckResult
@@ -96,14 +97,18 @@ def check_phase(cfg: ExperimentConfig, run_dir: Path, phase: PhaseConfig, expect
     label = f"{phase.name}/" if phase.name else ""
     base, targ = side_dir(run_dir, BASELINE, phase.name), side_dir(run_dir, TARGET, phase.name)
     th = cfg.threshold
+    features = model_features(cfg)  # a dump rule for a feature the model lacks may match nothing
     checks = [
         check_leaves(base.dumps, expected.rollouts, f"{label}dump_leaves"),
-        compare_dumps(base.dumps, targ.dumps, [tuple(r) for r in th.dumps],
+        # Which tensors exist (both sides, every rollout), apart from their values.
+        compare_inventories(base.dumps, targ.dumps, [dump_leaf_name(r) for r in expected.rollouts],
+                            exclude_pattern=th.exclude_pattern).to_check(f"{label}tensor_inventory"),
+        compare_dumps(base.dumps, targ.dumps, [tuple(r) for r in th.dumps], model_features=features,
                       exclude_pattern=th.exclude_pattern, allow_skipped_pattern=th.allow_skipped_pattern,
                       allow_failed_pattern=th.allow_failed_pattern).to_check(f"{label}dumps"),
     ]
     if th.fp32_dumps:  # every engine here trains in fp32 on CPU
-        checks.append(compare_dumps(base.dumps, targ.dumps, [tuple(r) for r in th.fp32_dumps],
+        checks.append(compare_dumps(base.dumps, targ.dumps, [tuple(r) for r in th.fp32_dumps], model_features=features,
                                     exclude_pattern=th.exclude_pattern, allow_skipped_pattern=th.allow_skipped_pattern,
                                     allow_failed_pattern=th.allow_failed_pattern).to_check(f"{label}dumps_fp32"))
     for m in th.metrics:
@@ -117,7 +122,7 @@ def check_phase(cfg: ExperimentConfig, run_dir: Path, phase: PhaseConfig, expect
     checks.append(check_reconfigure_events(targ.events, expected.target_reconfigures, f"{label}target_reconfigures"))
     checks.append(check_target_commits(targ.events, expected.rollouts, f"{label}target_commits"))
     checks.append(check_faults(targ.events, expected.faults_injected, f"{label}faults_injected"))
-    checks.append(check_event_rules(targ.events, f"{label}target_event_analyzer",
+    checks.append(check_event_rules(targ.events, f"{label}target_event_analyzer", audit=cfg.trainer.audit,
                                     expect_witness=cfg.trainer.witness_on))
     if expected.target_reconfigures:
         checks.append(recovery_timings(targ.events, f"{label}recovery"))

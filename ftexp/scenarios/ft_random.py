@@ -122,5 +122,6 @@ def verify(cfg: ExperimentConfig, run_dir: Path) -> list[CheckResult]:
         CheckResult("heals", len(heals) >= soak.min_heals,
                     f"{len(heals)} healing reconfigurations, need >= {soak.min_heals}",
                     {"heals": [{"rollout_id": h.rollout_id, "healed": h.healed_cell_indices, **h.timings} for h in heals]}),
-        check_event_rules(target.events, "target_event_analyzer", expect_witness=cfg.trainer.witness_on),
+        check_event_rules(target.events, "target_event_analyzer", audit=cfg.trainer.audit,
+                          expect_witness=cfg.trainer.witness_on),
     ]

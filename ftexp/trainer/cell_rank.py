@@ -28,7 +28,8 @@ from torchft.process_group import ProcessGroupGloo
 from ftexp.audit.events import EventLogger, FaultInjectedEvent, ProcessIdentity, TrainEngineLocalWeightChecksumEvent
 from ftexp.audit.witness import WitnessInfo
 from ftexp.control.failure_modes import inject_fault
-from ftexp.engines.collectives import sum_across
+from ftexp.engines.base import rng_state
+from ftexp.engines.collectives import ascending_fold, sum_across, tree_fold
 from ftexp.engines.registry import get_engine
 from ftexp.faults.plan import NegativeControl
 from ftexp.job import JobSpec
@@ -37,6 +38,7 @@ from ftexp.rundir import rollout_path
 from ftexp.trainer import transfer
 from ftexp.trainer.cell import IndepDPInfo
 from ftexp.trainer.checkpoint import complete_checkpoint, load_rank_state, save_rank_state
+from ftexp.trainer.nodes import set_off_node_fault
 from ftexp.trainer.step import record_metrics, train_step
 
 log = logging.getLogger(__name__)
@@ -157,6 +159,8 @@ class CellRank:
             control = self.spec.trainer.negative_control
             if control == NegativeControl.skip_optimizer_transfer:
                 state["optimizer"] = self.replica.optimizer.state_dict()
+            if control == NegativeControl.skip_rng_transfer:
+                state["rng"] = rng_state()  # the bug: the healed cell keeps its own fresh generators
             if control != NegativeControl.skip_heal_transfer:
                 self.replica.load_state_dict(state)
         return {"ok": True, "configure_s": t1 - t0, "transfer_s": time.monotonic() - t1, "bytes": received,
@@ -188,7 +192,9 @@ class CellRank:
         self._bump()
         control = spec.trainer.negative_control
         rollout = load_rollout(rollout_path(spec.data_dir, rollout_id), expected_rollout_id=rollout_id)
-        logs_for_group = info.alive_rank == 0  # the first alive cell writes dumps and metrics
+        # The first alive cell writes the group's dumps and metrics (the negative control: always cell 0).
+        logs_for_group = info.cell_index == 0 if control == NegativeControl.cell0_writes_group_logs else info.alive_rank == 0
+        fold = ascending_fold if control == NegativeControl.ascending_cell_fold else tree_fold
 
         def before_reduce() -> None:
             if info.alive_size > 1:
@@ -200,7 +206,7 @@ class CellRank:
             pg = self.pg
             try:
                 run_releasable(lambda: sum_across(pg, flat, world_size=info.alive_size, deterministic=spec.deterministic,
-                                                  torchft=True), self.released)
+                                                  torchft=True, fold=fold), self.released)
                 return True
             except Exception as e:  # a dead or frozen peer: this attempt is void
                 log.warning("cross-cell reduce failed at rollout %d attempt %d: %s", rollout_id, attempt, e)
@@ -213,9 +219,9 @@ class CellRank:
                 self.replica.optimizer_step(rollout_id)  # the bug: the void attempt's local gradient lands
             return ok
 
-        def dump() -> None:
-            if logs_for_group:
-                self.replica.dump(spec.side_dir.dump_leaf(rollout_id))
+        def dump() -> None:  # every alive cell's weights and reduced grads are compared with the baseline's
+            self.replica.dump(spec.side_dir.dump_leaf(rollout_id) if logs_for_group
+                              else spec.side_dir.cell_dump_leaf(self.cell_index, rollout_id))
 
         with self.events.context(rollout_id=rollout_id, attempt=attempt):
             ok, metrics = train_step(self.replica, rollout, rollout_id, attempt, shard_rank=info.alive_rank,
@@ -225,12 +231,14 @@ class CellRank:
                 return DISCARDED, None
             if control == NegativeControl.double_apply_retry and attempt == 0:
                 return DISCARDED, None  # the bug: stepped, yet reported void, so the retry steps again
-            self.events.log(TrainEngineLocalWeightChecksumEvent(rollout_id=rollout_id, state=self.replica.checksums()))
+            if spec.trainer.audit:
+                self.events.log(TrainEngineLocalWeightChecksumEvent(rollout_id=rollout_id, state=self.replica.checksums()))
             if logs_for_group and self.rank == 0:
                 record_metrics(spec.side_dir, self.events, rollout_id, attempt, metrics)
         return NORMAL, metrics
 
     def _maybe_crash(self, rollout_id: int, attempt: int) -> None:
+        set_off_node_fault(self.spec, self.events, self.cell_index, self.rank, rollout_id, attempt)  # multi-node
         crash = self.spec.plan.crash_before_reduce(self.cell_index, self.rank, rollout_id, attempt)
         if crash is None:
             return

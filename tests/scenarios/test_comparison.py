@@ -74,3 +74,12 @@ def test_scenario_modules_declare_kinds_and_refuse_plans_that_prove_nothing():
     unhealed = Cfg(2, [PhaseConfig(target_actions=[TestAction(at_rollout=0, action=CRASH, cell_index=0)])])
     with pytest.raises(InputError, match=r"crashed cell\(s\) \[0\] are never started again"):
         load_scenario(unhealed.scenario).check_plan(unhealed)
+
+
+def test_with_the_audit_off_the_event_rules_say_they_did_not_run(tmp_path):
+    from ftexp.scenarios.checks import check_event_rules
+
+    check = check_event_rules(tmp_path / "no_events", "target_event_analyzer", audit=False)
+    assert check.passed and check.summary.startswith("NOT RUN: trainer.audit=false")
+    assert check.details["not_run"] == ["cross_replica_weight_checksum", "witness"]
+    assert not check_event_rules(tmp_path / "no_events", "target_event_analyzer").passed  # audit on: fails closed

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ftexp.audit.checksums import hash_tree, tensor_hash
+from ftexp.audit.checksums import hash_tree, rng_hashes, tensor_hash
 from ftexp.audit.dumps import remove_dumps_at, write_dump
 from ftexp.engines.base import CLIP_GRAD, STAT_KEYS, rng_state, seed_rngs, set_rng_state, step_metrics
 from ftexp.engines.collectives import sum_across
@@ -54,7 +54,8 @@ class MegatronReplica:
         from ftexp.engines.megatron import model as mg
 
         self.cfg, self.mode, self.deterministic = trainer_cfg, mode, deterministic
-        # The init seed is the model's (same weights in every run); the run seed drives the RNGs after.
+        # The init seed is the model's (trainer.model.seed: the experiment's seed unless set); the
+        # replica's seed drives the RNGs after.
         module = mg.build_gpt(mode.model_preset, mode, seed=trainer_cfg.model.seed)
         if deterministic:  # after build_gpt: its CPU patches rebind the same module globals
             from ftexp.engines.megatron.deterministic import use_fixed_order_grad_reduce
@@ -197,10 +198,11 @@ class MegatronReplica:
                            rank=dist.get_rank(), dump_index=index, **self.coords)
 
     def checksums(self) -> dict[str, Any]:
-        hashes = {}
-        hash_tree(self.optimizer.state_dict(), "optimizer", hashes)
+        hashes, algorithm = {}, self.cfg.checksum.value
+        hash_tree(self.optimizer.state_dict(), "optimizer", hashes, algorithm)
         return {
-            "param_hashes": {f"pp{self.coords['pp']}.{self.global_names[n]}": tensor_hash(p)
+            "rng_hashes": rng_hashes(rng_state(), algorithm),
+            "param_hashes": {f"pp{self.coords['pp']}.{self.global_names[n]}": tensor_hash(p, algorithm)
                              for n, p in self.module.named_parameters()},
             "optimizer_hashes": hashes,
         }

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from ftexp.audit.checksums import tensor_hash
+from ftexp.audit.checksums import rng_hashes, tensor_hash
 from ftexp.audit.dumps import remove_dumps_at, write_dump
 from ftexp.audit.witness import IdRange
 from ftexp.config import TrainerConfig
@@ -138,12 +138,13 @@ class TorchReplica:
                 write_dump(leaf_dir, f"{prefix}__{name}", get(p), step=0, rank=0, dump_index=index, **self.coords)
 
     def checksums(self) -> dict[str, Any]:
-        """A hash of every parameter and of every optimizer state tensor."""
-        opt = self.optimizer.state_dict()
+        """A hash of every parameter, of every optimizer state tensor and of every RNG generator."""
+        opt, algorithm = self.optimizer.state_dict(), self.cfg.checksum.value
         return {
-            "param_hashes": {f"pp0.{n}": tensor_hash(p) for n, p in zip(self.param_names, self.params)},
+            "rng_hashes": rng_hashes(rng_state(), algorithm),
+            "param_hashes": {f"pp0.{n}": tensor_hash(p, algorithm) for n, p in zip(self.param_names, self.params)},
             "optimizer_hashes": {
-                f"{self.param_names[i]}.{k}": (tensor_hash(v) if torch.is_tensor(v) else v)
+                f"{self.param_names[i]}.{k}": (tensor_hash(v, algorithm) if torch.is_tensor(v) else v)
                 for i, st in sorted(opt["state"].items()) for k, v in sorted(st.items())
             },
         }

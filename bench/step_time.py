@@ -1,19 +1,26 @@
-"""Benchmark: FT target step time ÷ plain-DP baseline step time, heal costs, peak memory.
+"""Benchmark: what fault tolerance costs per step, where the cost goes, and how fast a crash heals.
 
-Runs ``python -m ftexp mode=<mode> scenario=<scenario> scenario.num_rollout=<n>`` for each mode and
-prints, per mode, the median wall time of a committed rollout on each side (rollout 0 is warm-up
-and skipped), their ratio, the peak resident memory of the whole run (all processes: CLI, jobs,
-ranks, Ray) and of its largest process, and — for scenarios that heal — recovery seconds and heal
-bytes/s.
+For each mode it runs ``python -m ftexp mode=<mode> scenario=no_failure`` twice — audits on (the
+default: witness ids and per-step weight checksums) and off (``trainer.audit=false``, what a
+production run would use) — and prints, from the runs' ``perf.jsonl`` files, the median wall time
+of a committed rollout on each side (rollout 0 is warm-up and skipped), their ratio, and the
+target step's breakdown as its ranks and driver measured it (medians over rollouts, max over
+cells): compute (forward/backward/optimizer), cross-cell reduce, weight checksums, witness
+bookkeeping, event writes, the driver's analyzer, and the rest of the driver's round trip (Ray
+calls, refresh). ``--heal`` adds one ``with_failure`` run per mode: crash → shrink → heal timings.
+``--large`` trains a torch model big enough that a step takes about a second on a 2-core CPU,
+so fixed costs and per-byte costs show apart. Everything of one invocation runs on the same
+machine; results go to ``bench/results/<name>.json`` and ``.md`` (``latest.md`` too).
 
-    python bench/step_time.py                       # dp2 and dp4, no_failure, 8 rollouts
-    python bench/step_time.py --modes dp2 --scenario with_failure
+    python bench/step_time.py                              # dp2 and dp4, 8 rollouts
+    python bench/step_time.py --modes dp2 --heal --large   # + heal timings + a ~1 s/step model
     python bench/step_time.py --modes dp2_cp2_tp2_ep2 dp2_cp2_pp2 dp4_cp2 --rollouts 4   # megatron cells
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import statistics
 import subprocess
@@ -21,6 +28,12 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results"
+# A torch model whose step takes ~1 s on 2 cores (measured with the default rollout of 256 samples).
+LARGE_MODEL = ["trainer.model.d_model=256", "trainer.model.n_layers=6", "trainer.model.n_heads=4",
+               "trainer.model.vocab_size=512"]
+SECTIONS = ("compute_s", "reduce_s", "checksum_s", "witness_s", "event_write_s", "analyzer_s", "driver_rest_s")
 
 
 class PeakMemory:
@@ -67,41 +80,105 @@ class PeakMemory:
         self._thread.join()
 
 
-def median_step(side_root: Path) -> float:
-    times = [json.loads(ln) for p in sorted(side_root.glob("**/perf.jsonl")) for ln in p.read_text().splitlines()]
-    return statistics.median(t["step_time_s"] for t in times if t["step"] > 0)
+def perf_rows(side_root: Path) -> list[dict]:
+    """The committed rollouts' perf rows of a side, warm-up rollout 0 left out."""
+    rows = [json.loads(ln) for p in sorted(side_root.glob("**/perf.jsonl")) for ln in p.read_text().splitlines()]
+    return [r for r in rows if r["step"] > 0]
+
+
+def median_of(rows: list[dict], key: str) -> float | None:
+    values = [r[key] if key == "step_time_s" else r.get("sections", {}).get(key) for r in rows]
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def run(mode: str, scenario: str, overrides: list[str]) -> tuple[Path, PeakMemory, tempfile.TemporaryDirectory]:
+    tmp = tempfile.TemporaryDirectory()
+    run_dir = Path(tmp.name) / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "ftexp", f"mode={mode}", f"scenario={scenario}",
+                             f"hydra.run.dir={run_dir}", *overrides], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    memory = PeakMemory(proc.pid)
+    _, stderr = proc.communicate()
+    memory.stop()
+    if proc.returncode != 0:
+        raise SystemExit(f"{mode} {scenario} {' '.join(overrides)}: run failed (exit {proc.returncode})\n{stderr[-2000:]}")
+    return run_dir, memory, tmp
+
+
+def step_row(mode: str, label: str, overrides: list[str]) -> dict:
+    run_dir, memory, tmp = run(mode, "no_failure", overrides)
+    with tmp:
+        base, targ = perf_rows(run_dir / "baseline"), perf_rows(run_dir / "target")
+        row = {"mode": mode, "run": label, "baseline_s": median_of(base, "step_time_s"),
+               "target_s": median_of(targ, "step_time_s"), "peak_mb": round(memory.total_mb),
+               "largest_process_mb": round(memory.largest_mb)}
+        row["ratio"] = row["target_s"] / row["baseline_s"]
+        row.update({k: median_of(targ, k) for k in SECTIONS})
+        return row
+
+
+def heal_row(mode: str, overrides: list[str]) -> dict:
+    run_dir, _, tmp = run(mode, "with_failure", overrides)
+    with tmp:
+        report = json.loads((run_dir / "report.json").read_text())
+        recoveries = [r for c in report["checks"] if c["name"].endswith("recovery") for r in c["details"]["recoveries"]]
+        shrink = next(r for r in recoveries if r["kind"] == "shrink")
+        heal = next(r for r in recoveries if r["kind"] == "heal")
+        return {"mode": mode, "detection_s": shrink.get("detection_s"), "shrink_first_commit_s": shrink["first_commit_s"],
+                "allocate_s": heal.get("allocate_s"), "configure_s": heal.get("configure_s"),
+                "transfer_s": heal.get("transfer_s"), "heal_first_commit_s": heal["first_commit_s"],
+                "heal_bytes": heal["bytes"], "heal_bytes_per_s": heal.get("heal_bytes_per_s")}
+
+
+def fmt(value) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def markdown(steps: list[dict], heals: list[dict], when: str) -> str:
+    cols = ["mode", "run", "baseline_s", "target_s", "ratio", *SECTIONS, "peak_mb"]
+    lines = [f"# ftexp step-time benchmark ({when}, one machine, one invocation)", "",
+             "Seconds per committed rollout (median, rollout 0 skipped); the target's breakdown is the median over "
+             "rollouts of the slowest cell's section times; `driver_rest_s` is the driver's step time minus its "
+             "analyzer and its slowest cell's train call (Ray round trips, refresh).", "",
+             "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(fmt(r[c]) for c in cols) + " |" for r in steps]
+    if heals:
+        hcols = list(heals[0])
+        lines += ["", "Crash → shrink → heal (`scenario=with_failure`), seconds:", "",
+                  "| " + " | ".join(hcols) + " |", "|" + "---|" * len(hcols)]
+        lines += ["| " + " | ".join(fmt(r[c]) for c in hcols) + " |" for r in heals]
+    return "\n".join(lines) + "\n"
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--modes", nargs="+", default=["dp2", "dp4"])
-    parser.add_argument("--scenario", default="no_failure")
-    parser.add_argument("--rollouts", type=int, default=8, help="num_rollout for single-phase scenarios")
+    parser.add_argument("--rollouts", type=int, default=8, help="rollouts per no_failure run (rollout 0 is warm-up)")
+    parser.add_argument("--heal", action="store_true", help="also time a with_failure run per mode")
+    parser.add_argument("--large", action="store_true", help="also run a ~1 s/step torch model (torch modes only)")
+    parser.add_argument("--name", default=dt.datetime.now().strftime("%Y-%m-%d_%H%M"), help="results file name")
     args = parser.parse_args()
-    print(f"{'mode':16} {'baseline s/step':>16} {'target s/step':>14} {'target/baseline':>16} "
-          f"{'peak MB (all)':>14} {'(largest)':>10}  recoveries")
+    rollouts = [f"scenario.num_rollout={args.rollouts}"]
+    steps, heals = [], []
     for mode in args.modes:
-        with tempfile.TemporaryDirectory() as tmp:
-            run_dir = Path(tmp) / "run"
-            overrides = [f"mode={mode}", f"scenario={args.scenario}", f"hydra.run.dir={run_dir}"]
-            if args.scenario == "no_failure":
-                overrides.append(f"scenario.num_rollout={args.rollouts}")
-            proc = subprocess.Popen([sys.executable, "-m", "ftexp", *overrides], stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True)
-            memory = PeakMemory(proc.pid)
-            _, stderr = proc.communicate()
-            memory.stop()
-            if proc.returncode != 0:
-                print(f"{mode}: run failed (exit {proc.returncode})\n{stderr[-2000:]}")
-                return 1
-            base, targ = median_step(run_dir / "baseline"), median_step(run_dir / "target")
-            report = json.loads((run_dir / "report.json").read_text())
-            recoveries = [r for c in report["checks"] if c["name"].endswith("recovery")
-                          for r in c["details"]["recoveries"]]
-            rec = "; ".join(", ".join(f"{k}={v}" for k, v in r.items() if k.endswith("_s") or k.endswith("per_s"))
-                            for r in recoveries) or "-"
-            print(f"{mode:16} {base:16.4f} {targ:14.4f} {targ / base:16.2f} {memory.total_mb:14.0f} "
-                  f"{memory.largest_mb:10.0f}  {rec}")
+        for label, extra in [("audit on", []), ("audit off", ["trainer.audit=false"])]:
+            steps.append(step_row(mode, label, rollouts + extra))
+            print(" ".join(f"{k}={fmt(v)}" for k, v in steps[-1].items()), flush=True)
+        if args.large and mode in ("dp2", "dp4"):
+            steps.append(step_row(mode, "large, audit on", rollouts + LARGE_MODEL))
+            print(" ".join(f"{k}={fmt(v)}" for k, v in steps[-1].items()), flush=True)
+        if args.heal:
+            heals.append(heal_row(mode, []))
+            print(" ".join(f"{k}={fmt(v)}" for k, v in heals[-1].items()), flush=True)
+    table = markdown(steps, heals, args.name)
+    print(table)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{args.name}.json").write_text(json.dumps({"steps": steps, "heals": heals}, indent=2))
+    (RESULTS / f"{args.name}.md").write_text(table)
+    (RESULTS / "latest.md").write_text(table)
     return 0
 
 

@@ -1,8 +1,9 @@
 """``python -m ftexp``: the Hydra entry point.
 
 Exit codes: 0 = the scenario's assertions held, 1 = an assertion failed (report.md says which),
-2 = bad configuration or input (one line on stderr, nothing launched). A ``-m`` sweep exits 1 when
-any of its points failed (sweep_summary.md says which).
+2 = bad configuration or input (one line on stderr; the run dir's verdict says ERROR), 130 = stopped
+by SIGINT or SIGTERM (one line saying what was stopped and cleaned up; the verdict says INTERRUPTED).
+A ``-m`` sweep exits 1 when any of its points failed (sweep_summary.md says which).
 
 Hydra reports composition errors (typo'd key, unknown mode) as multi-line text with exit code 1,
 so the overrides are composed once up front with Hydra's compose API: any error there becomes one
@@ -12,23 +13,25 @@ line and exit code 2, and only a valid config reaches ``hydra.main``.
 from __future__ import annotations
 
 import logging
+import os
 import re
+import signal
 import sys
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ftexp import pipeline
 from ftexp.config import ExperimentConfig, Stage, register_configs
-from ftexp.errors import InputError
+from ftexp.errors import InputError, Interrupted, interrupt_signal, one_line
 from ftexp.tracking.sweep import sweep_exit_code
 from ftexp.validate import validate
 
 log = logging.getLogger("ftexp")
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 _validated: ExperimentConfig | None = None  # the single run's config, validated by _precompose
 # The Hydra config root: conf/ at the repo root, installed as the package ftexp.conf
 # (pyproject.toml maps it). Named as a module, not a path relative to this file, so the same
@@ -39,6 +42,28 @@ CONFIG_MODULE = "ftexp.conf"
 def _fail_bad_input(message: str) -> None:
     print(f"ftexp: error: {message}", file=sys.stderr)
     sys.exit(EXIT_BAD_INPUT)
+
+
+def _exit_interrupted(exc: KeyboardInterrupt) -> None:
+    message = str(exc) if isinstance(exc, Interrupted) else f"interrupted by {interrupt_signal(exc)}"
+    print(f"ftexp: {message}", file=sys.stderr)
+    sys.exit(EXIT_INTERRUPTED)
+
+
+def _on_sigterm(signum, frame) -> None:
+    """SIGTERM stops a run the way Ctrl-C does: the job is cancelled and the run dir says INTERRUPTED."""
+    raise KeyboardInterrupt("SIGTERM")
+
+
+def _check_writable(path: Path, what: str) -> None:
+    """Refuse, with one line, a directory that cannot be created or written before Hydra tries to."""
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise InputError(f"{what} {path} cannot be created: {existing} is not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise InputError(f"{what} {path} is not writable: permission denied on {existing}")
 
 
 def _one_line(exc: BaseException) -> str:
@@ -68,8 +93,17 @@ def _precompose(overrides: list[str]) -> ExperimentConfig:
 
     try:
         with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
-            cfg = compose(config_name="config", overrides=overrides)
-        return to_config(cfg)
+            cfg = compose(config_name="config", overrides=overrides, return_hydra_config=True)
+        with open_dict(cfg):
+            hydra_cfg = cfg.pop("hydra")
+        exp = to_config(cfg)
+        try:
+            output_dir = Path(str(hydra_cfg.run.dir))
+        except Exception:  # an interpolation only Hydra's own run can resolve: Hydra reports it
+            output_dir = None
+        if output_dir is not None:
+            _check_writable(output_dir, "Hydra's output dir (hydra.run.dir)")
+        return exp
     except InputError as e:
         _fail_bad_input(str(e))
     except Exception as e:  # Hydra/OmegaConf raise a zoo of types for bad overrides
@@ -107,6 +141,14 @@ def _hydra_main(cfg: DictConfig) -> int | None:
         if multirun:
             raise
         _fail_bad_input(str(e))
+    except OSError as e:  # the pipeline names run-dir files itself; anything else is still one line
+        if multirun:
+            raise
+        _fail_bad_input(f"{e.filename}: {e.strerror}" if e.filename else one_line(e))
+    except KeyboardInterrupt as e:
+        if multirun:
+            raise
+        _exit_interrupted(e)
     if multirun:
         return code
     sys.exit(code)
@@ -115,13 +157,17 @@ def _hydra_main(cfg: DictConfig) -> int | None:
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(name)s: %(message)s", datefmt="%H:%M:%S")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # the soak injector polls the control API
-    register_configs()
-    args = sys.argv[1:]
-    hydra_flags = [a for a in args if a.startswith("-")]
-    global _validated
-    if not hydra_flags:  # plain overrides: check them before Hydra sets anything up
-        _validated = _precompose([a for a in args if not a.startswith("hydra")])
-    _hydra_main()
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        register_configs()
+        args = sys.argv[1:]
+        hydra_flags = [a for a in args if a.startswith("-")]
+        global _validated
+        if not hydra_flags:  # plain overrides: check them before Hydra sets anything up
+            _validated = _precompose([a for a in args if not a.startswith("hydra") or a.startswith("hydra.run.dir=")])
+        _hydra_main()
+    except KeyboardInterrupt as e:  # before or after a run (a run reports its own), or a sweep
+        _exit_interrupted(e)
     if sweep_exit_code():
         sys.exit(EXIT_FAILED)
 

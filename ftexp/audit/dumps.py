@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from ftexp.errors import RunDirError, file_error
+
 FIELD_SEP = "___"
 # Tensor names may not contain the field separator, '=' or a path separator.
 _BAD_NAME = re.compile(r"___|=|/")
@@ -87,11 +89,12 @@ def remove_dumps_at(leaf_dir: str | Path, coords: dict[str, int]) -> None:
 
 
 def load_dump(path: str | Path) -> torch.Tensor:
-    """Load one dump's tensor; raises ValueError on a corrupt or foreign file."""
+    """Load one dump's tensor; a missing, unreadable, corrupt or foreign file raises RunDirError (a
+    ValueError) whose one line names the file and the cause."""
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises many types for truncated/corrupt files
-        raise ValueError(f"corrupt dump file {path}: {type(e).__name__}: {e}") from e
+        raise file_error(path, e, "dump file") from e
     if not isinstance(obj, dict) or not isinstance(obj.get("value"), torch.Tensor):
-        raise ValueError(f"{path} is not a tensor dump (expected a dict with a 'value' tensor)")
+        raise RunDirError(f"corrupt dump file {path}: not a tensor dump (expected a dict with a 'value' tensor)")
     return obj["value"]

@@ -4,6 +4,10 @@ The job trains every phase of both sides (submitting the per-side jobs itself) a
 verdict to ``stage=collect run_dir=...``, which waits for the job, then verifies and reports.
 ``<run_dir>/submission.json`` records what was submitted, so collect can find it again from
 any process (and, on Slurm, from any machine of the cluster).
+
+The submitted job is detached: it ignores SIGINT (a later Ctrl-C in the terminal it came from does
+not reach it), and a SIGTERM to it (``scancel``, ``kill``) cancels the side job it is waiting for,
+whose processes end with it. A Ctrl-C during collect stops waiting, not the job.
 """
 
 from __future__ import annotations
@@ -12,22 +16,28 @@ import dataclasses
 import json
 import logging
 import os
+import signal
 import time
 from pathlib import Path
 
 import submitit
 
 from ftexp.config import LauncherKind
-from ftexp.errors import InputError
-from ftexp.launch.jobs import log_tail, make_executor
+from ftexp.errors import InputError, Interrupted, interrupt_signal
+from ftexp.launch.jobs import log_tail, make_executor, submit
 from ftexp.launch.sides import train_sides
 from ftexp.rundir import BASELINE, SUBMISSION, SUBMITIT_RUN, TARGET
 
 log = logging.getLogger("ftexp")
 
 
+def _sigterm_interrupts(signum, frame) -> None:
+    raise KeyboardInterrupt("SIGTERM")
+
+
 def _train_all(cfg, run_dir: Path) -> str:
     """The job body: every side of every phase, as a foreground run would train them."""
+    signal.signal(signal.SIGTERM, _sigterm_interrupts)  # cancelled: end the side job we wait for, too
     train_sides(cfg, run_dir, (BASELINE, TARGET), cfg.phase)
     return str(run_dir)
 
@@ -38,8 +48,7 @@ def submit_run(cfg, run_dir: Path) -> str:
     folder = run_dir / SUBMITIT_RUN
     # The run job waits for every side job of every phase in turn: give it their time limits together.
     outer = dataclasses.replace(cfg.launcher, timeout_min=cfg.launcher.timeout_min * (2 * len(cfg.scenario.phases) + 1))
-    with submitit.helpers.clean_env():  # see run_side_job
-        job = make_executor(folder, outer).submit(_train_all, inner, run_dir)
+    job, _ = submit(make_executor(folder, outer), _train_all, inner, run_dir)
     (run_dir / SUBMISSION).write_text(json.dumps(
         {"job_id": job.job_id, "launcher": cfg.launcher.name.value, "folder": str(folder)}))
     return job.job_id
@@ -65,14 +74,18 @@ def wait_for_submission(run_dir: Path, poll_interval_s: float) -> str | None:
         job_id, kind, folder = sub["job_id"], LauncherKind(sub["launcher"]), Path(sub["folder"])
     except (ValueError, KeyError) as e:
         raise InputError(f"{path} is malformed: {e}") from None
-    if kind == LauncherKind.slurm:
-        job: submitit.Job = submitit.SlurmJob(folder=folder, job_id=job_id)
-        while not job.done():
-            time.sleep(poll_interval_s)
-    else:
-        job = submitit.LocalJob(folder=folder, job_id=job_id)
-        while _local_job_running(job_id) and not job.paths.result_pickle.exists():
-            time.sleep(poll_interval_s)
+    try:
+        if kind == LauncherKind.slurm:
+            job: submitit.Job = submitit.SlurmJob(folder=folder, job_id=job_id)
+            while not job.done():
+                time.sleep(poll_interval_s)
+        else:
+            job = submitit.LocalJob(folder=folder, job_id=job_id)
+            while _local_job_running(job_id) and not job.paths.result_pickle.exists():
+                time.sleep(poll_interval_s)
+    except KeyboardInterrupt as e:
+        raise Interrupted(f"interrupted by {interrupt_signal(e)} during collect; the submitted job {job_id} keeps "
+                          f"running (collect again with stage=collect run_dir={run_dir})") from None
     log.info("submitted run %s (job %s) ended", run_dir, job_id)
     if job.paths.result_pickle.exists():
         try:

@@ -21,7 +21,7 @@ import torch
 
 from ftexp.config import RolloutConfig
 from ftexp.engines.torch.model import TinyGPT, token_log_probs
-from ftexp.errors import InputError
+from ftexp.errors import InputError, RunDirError, file_error
 
 
 def deterministic_random_reward(tokens: list[int], response: list[int]) -> float:
@@ -94,16 +94,15 @@ def load_rollout(path: str | Path, expected_rollout_id: int | None = None) -> di
     """Load and validate a rollout file; any problem is an InputError naming the file."""
     path = Path(path)
     if not path.is_file():
-        raise InputError(f"rollout file not found: {path}")
+        raise RunDirError(f"rollout file not found: {path}")
     try:
         # weights_only: the file holds plain containers and numbers, never arbitrary objects.
         batch = torch.load(path, weights_only=True)
     except Exception as exc:  # torch raises several unrelated types for a damaged file
-        first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise InputError(f"corrupt rollout file {path}: {first_line}") from exc
+        raise file_error(path, exc, "rollout file") from exc
     problem = _batch_problem(batch, expected_rollout_id)
     if problem:
-        raise InputError(f"malformed rollout file {path}: {problem}")
+        raise RunDirError(f"malformed rollout file {path}: {problem}")
     return batch
 
 

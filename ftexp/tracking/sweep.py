@@ -2,8 +2,9 @@
 
 A Hydra callback (registered in ``conf/config.yaml``) runs when the multirun ends. It reads each
 point's ``result.json`` and writes ``sweep_summary.json``, ``sweep_summary.md`` and
-``sweep_summary.png`` (pass rate per crash probability) into the sweep dir. A point that left no
-result file (its job died) is a FAILED row, never a missing one.
+``sweep_summary.png`` (pass rate per crash probability) into the sweep dir. A point passes only if
+its result file says PASSED: one whose verification did not complete (ERROR, INTERRUPTED), one that
+left no result file (its job died) or an unreadable one is a row that did not pass, never a missing one.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from ftexp.rundir import RESULT_FILE
+from ftexp.tracking.result import result_passed
 
 log = logging.getLogger("ftexp")
 
@@ -34,11 +36,22 @@ def summarize(sweep_dir: Path, num_jobs: int) -> dict[str, Any]:
     for num in range(num_jobs):
         point = sweep_dir / str(num)
         path = point / RESULT_FILE
+        result, problem = None, "no result file"
         if path.is_file():
-            rows.append({"job": num, **json.loads(path.read_text())})
+            try:
+                result = json.loads(path.read_text())
+            except (OSError, ValueError) as e:
+                problem = f"unreadable result file: {type(e).__name__}: {e}"
+            if not isinstance(result, dict):
+                result, problem = None, "unreadable result file: not a JSON object"
+        if result is not None:
+            passed = result_passed(result)
+            status = "PASSED" if passed else str(result.get("status") or "FAILED").replace("PASSED", "FAILED")
+            rows.append({"job": num, **result, "passed": passed, "status": status})
         else:
             overrides_file = point / ".hydra" / "overrides.yaml"
-            rows.append({"job": num, "run_dir": str(point), "passed": False, "failed_checks": ["no result file"],
+            rows.append({"job": num, "run_dir": str(point), "passed": False, "status": "ERROR",
+                         "failed_checks": [problem],
                          "overrides": overrides_file.read_text().split("\n") if overrides_file.is_file() else []})
     by_p: dict[str, list[bool]] = defaultdict(list)
     for row in rows:
@@ -53,7 +66,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
              "| job | overrides | verdict | injections | heals | train/loss | wall s |", "|---|---|---|---|---|---|---|"]
     for r in summary["points"]:
         loss = r.get("final_metrics", {}).get("train/loss")
-        lines.append(f"| {r['job']} | `{' '.join(r.get('overrides', []))}` | {'PASSED' if r['passed'] else 'FAILED'} "
+        lines.append(f"| {r['job']} | `{' '.join(r.get('overrides', []))}` | {r['status']} "
                      f"| {r.get('injections', '-')} | {r.get('heals', '-')} | {'-' if loss is None else f'{loss:.6g}'} "
                      f"| {r.get('wall_time_s', '-')} |")
     lines += ["", "| crash probability | pass rate |", "|---|---|"]

@@ -9,6 +9,7 @@ counter it holds — survives a resume.
 from __future__ import annotations
 
 import shutil
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +17,10 @@ import torch
 
 from ftexp.audit.events import read_events
 from ftexp.audit.witness import persisted_counter
+from ftexp.errors import RunDirError, file_error
 from ftexp.job import JobSpec
-from ftexp.rundir import events_snapshot, iter_dir, latest_checkpoint, mark_checkpoint_complete, rank_state_file
+from ftexp.rundir import (TRACKER, events_snapshot, iter_dir, latest_checkpoint, mark_checkpoint_complete,
+                          rank_state_file)
 
 
 def save_rank_state(replica, ckpt_root: Path, rollout_id: int) -> None:
@@ -42,10 +45,38 @@ def complete_checkpoint(ckpt_root: Path, rollout_id: int, events_dir: Path) -> N
 
 
 def load_rank_state(ckpt_root: Path, rollout_id: int, coords: dict[str, int]) -> dict[str, Any]:
+    """This rank's state; RunDirError (one line naming the file) if it is missing, unreadable or corrupt."""
     path = iter_dir(ckpt_root, rollout_id) / rank_state_file(coords)
     if not path.is_file():
-        raise FileNotFoundError(f"no checkpoint {path} (was it written by another parallel layout?)")
-    return torch.load(path, map_location="cpu", weights_only=False)
+        raise RunDirError(f"no checkpoint {path} (was it written by another parallel layout?)")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # torch raises many types for a truncated or foreign file
+        raise file_error(path, e, "checkpoint file") from e
+
+
+def check_resumable(ckpt_root: Path) -> int:
+    """The rollout id a phase resumes from, checked before any job starts: the tracker names a
+    checkpoint whose rank files are all torch archives. RunDirError says what is missing or corrupt."""
+    tracker = Path(ckpt_root) / TRACKER
+    try:
+        text = tracker.read_text().strip()
+    except OSError as e:
+        raise file_error(tracker, e, "checkpoint tracker") from e
+    if not text.isdigit():
+        raise RunDirError(f"corrupt checkpoint tracker {tracker}: {text[:40]!r} is not a rollout id")
+    directory = iter_dir(ckpt_root, int(text))
+    files = sorted(directory.glob("state_*.pt"))
+    if not files:
+        raise RunDirError(f"missing checkpoint {directory}: {tracker} names it but it holds no state_*.pt file")
+    for path in files:
+        try:
+            ok = zipfile.is_zipfile(path)  # torch.save writes a zip archive; garbage or a cut file is not one
+        except OSError as e:
+            raise file_error(path, e, "checkpoint file") from e
+        if not ok:
+            raise RunDirError(f"corrupt checkpoint file {path}: not a torch archive (truncated or overwritten?)")
+    return int(text)
 
 
 def restore_events(load_dir: Path, events_dir: Path) -> None:

@@ -6,6 +6,11 @@ checked nothing proves nothing. ``write_report`` renders the verdict as ``report
 readable) and ``report.md`` (first line ``# ftexp verdict: PASSED`` or ``FAILED``, a table of
 checks, then per-check detail). ``plot_curves`` draws baseline-vs-target metric curves.
 
+Only a verification that completed says PASSED or FAILED. A stage that could not finish one writes
+``write_status_report``: ``ERROR`` (bad input, an unreadable file, a stage still running or that
+died) or ``INTERRUPTED`` (SIGINT/SIGTERM), with the one-line cause, so that no old PASSED survives
+beside results it no longer describes.
+
 Check details are free-form dicts; a ``"kind"`` entry selects a richer markdown section:
 ``"dumps"`` (worst tensors), ``"metrics"`` (metric diff table), ``"reconfigure"`` (expected vs
 actual events). Any other details are shown as JSON.
@@ -25,6 +30,9 @@ from ftexp.rundir import REPORT_JSON, REPORT_MD
 
 _MAX_TABLE_ROWS = 50
 _MAX_PLOTTED_KEYS = 6
+# What a run dir's verdict files may say; only PASSED is a pass.
+PASSED, FAILED, ERROR, INTERRUPTED = "PASSED", "FAILED", "ERROR", "INTERRUPTED"
+VERDICT_HEADING = "# ftexp verdict: "
 
 
 @dataclass
@@ -48,11 +56,16 @@ class Verdict:
     def passed(self) -> bool:
         return bool(self.checks) and all(c.passed for c in self.checks)
 
+    @property
+    def status(self) -> str:
+        return PASSED if self.passed else FAILED
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "scenario": self.scenario,
             "mode": self.mode,
             "passed": self.passed,
+            "status": self.status,
             "checks": [c.to_dict() for c in self.checks],
         }
 
@@ -73,6 +86,7 @@ def _atomic_write(path: Path, write: Callable[[Path], Any]) -> None:
     ever sees a half-written report, and a crash leaves no file that looks like one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide the verdict from everyone else
     os.close(fd)
     tmp = Path(name)
     try:
@@ -81,6 +95,56 @@ def _atomic_write(path: Path, write: Callable[[Path], Any]) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def write_text_atomic(path: Path, text: str, *, in_place_fallback: bool = False) -> None:
+    """Write ``text`` to ``path`` atomically (temp file + rename).
+
+    ``in_place_fallback``: where the directory refuses new files (no write permission) but the
+    file itself may be written, truncate and rewrite it in place instead. Not atomic, but it is
+    the only way an unwritable run dir's old verdict can be taken back; used for ERROR and
+    INTERRUPTED only. Raises the original OSError when neither works.
+    """
+    path = Path(path)
+    try:
+        _atomic_write(path, lambda tmp: tmp.write_text(text))
+    except OSError:
+        if not (in_place_fallback and path.is_file()):
+            raise
+        try:
+            with open(path, "w") as f:  # no O_CREAT needed: the file exists
+                f.write(text)
+        except OSError:
+            pass
+        else:
+            return
+        raise
+
+
+def status_of(report_md_first_line: str) -> str:
+    """The status a report.md heading states ("" if it is not a verdict heading)."""
+    line = report_md_first_line.strip()
+    return line[len(VERDICT_HEADING):].strip() if line.startswith(VERDICT_HEADING) else ""
+
+
+def write_status_report(run_dir: str | Path, status: str, cause: str, scenario: str, mode: str,
+                        extra: dict[str, Any] | None = None) -> tuple[Path, Path]:
+    """``report.json`` and ``report.md`` for a verification that did not complete: ``status`` is
+    ERROR or INTERRUPTED and ``cause`` the one line that says why. report.json first, report.md
+    (what users read) last; each atomically, or in place where the run dir refuses new files."""
+    if status in (PASSED, FAILED):
+        raise ValueError(f"write_status_report is for runs without a verdict, not {status}")
+    run_dir = Path(run_dir)
+    payload = {"scenario": scenario, "mode": mode, "passed": False, "status": status, "cause": cause,
+               "checks": [], "extra": extra or {}}
+    json_path, md_path = run_dir / REPORT_JSON, run_dir / REPORT_MD
+    lines = [f"{VERDICT_HEADING}{status}", "", _cell(cause), "", f"Scenario `{scenario}`, mode `{mode}`.", "",
+             "The verification did not complete: nothing in this run directory is a verdict.", ""]
+    if extra:
+        lines += ["## Run", "", "```json", json.dumps(json_safe(extra), indent=2, default=str), "```", ""]
+    write_text_atomic(json_path, json.dumps(json_safe(payload), indent=2, default=str) + "\n", in_place_fallback=True)
+    write_text_atomic(md_path, "\n".join(lines), in_place_fallback=True)
+    return json_path, md_path
 
 
 def write_report(run_dir: str | Path, verdict: Verdict, extra: dict[str, Any] | None = None) -> tuple[Path, Path]:
@@ -154,8 +218,7 @@ _SECTIONS = {"dumps": _dump_section, "metrics": _metric_section, "reconfigure": 
 
 
 def render_markdown(verdict: Verdict, extra: dict[str, Any]) -> str:
-    status = "PASSED" if verdict.passed else "FAILED"
-    lines = [f"# ftexp verdict: {status}", "", f"Scenario `{verdict.scenario}`, mode `{verdict.mode}`.", ""]
+    lines = [f"{VERDICT_HEADING}{verdict.status}", "", f"Scenario `{verdict.scenario}`, mode `{verdict.mode}`.", ""]
     if not verdict.checks:
         lines += ["No checks ran: a verdict without checks is a failure.", ""]
     else:

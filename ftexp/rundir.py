@@ -10,7 +10,9 @@ A run is one directory (Hydra's run dir)::
         train.log  submitit/                             the training job's output and submitit's files
         metrics.jsonl  perf.jsonl                        committed metrics; step wall times (benchmarks only)
         events/<process>.jsonl                           typed events, one file per process
-        dumps/fwd_bwd/rollout_<id>/                      weights and reduced grads of every rollout
+        dumps/fwd_bwd/rollout_<id>/                      weights and reduced grads of every rollout (the
+                                                         baseline's replica 0; the target's first alive cell)
+        cell_dumps/cell<i>/fwd_bwd/rollout_<id>/         target only: the same of every other alive cell i
         ckpt/latest_checkpointed_iteration.txt           the id of the last complete checkpoint
         ckpt/iter_<id:07d>/state_pp<p>_tp<t>_cp<c>_ep<e>.pt   one file per rank of a replica
         ckpt/iter_<id:07d>/debug_events/                 the event log as of that checkpoint
@@ -72,7 +74,15 @@ class SideDir:
         return self.root / "dumps"
 
     def dump_leaf(self, rollout_id: int) -> Path:
-        return self.dumps / "fwd_bwd" / f"rollout_{rollout_id}"
+        return self.dumps / dump_leaf_name(rollout_id)
+
+    def cell_dumps(self, cell_index: int) -> Path:
+        """The target's dump root of cell ``cell_index`` for the rollouts it commits but does not
+        write to ``dumps`` (that is the first alive cell's job): leaves as under ``dumps``."""
+        return self.root / "cell_dumps" / f"cell{cell_index}"
+
+    def cell_dump_leaf(self, cell_index: int, rollout_id: int) -> Path:
+        return self.cell_dumps(cell_index) / dump_leaf_name(rollout_id)
 
     @property
     def ckpt(self) -> Path:

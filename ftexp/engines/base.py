@@ -61,7 +61,7 @@ class Replica(Protocol):
         """Weights and reduced grads, before the optimizer step, keyed by ``coords``."""
 
     def checksums(self) -> dict[str, Any]:
-        """``param_hashes`` and ``optimizer_hashes``: what the cross-replica checksum rule compares."""
+        """``param_hashes``, ``optimizer_hashes`` and ``rng_hashes``: what the cross-replica checksum rule compares."""
 
     def state_dict(self) -> dict[str, Any]:
         """Everything a heal or a checkpoint carries: model, optimizer, RNG, counters."""
@@ -105,6 +105,18 @@ def seed_rngs(seed: int) -> None:
 def rng_state() -> dict[str, Any]:
     """Every RNG a rank draws from; healed and checkpointed with the model."""
     return {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+
+
+def draw_step_randomness() -> int:
+    """One draw from each generator a rank holds, once per committed step.
+
+    A trainer that samples while it trains (dropout, shuffling) moves its generators with every
+    step. The stock models sample nothing, so this draw stands in for such a step: the generators
+    then advance with training, alike on every rank of every replica (one draw per commit, whatever
+    the shard), and a heal or resume that loses them shows in the checksum events' ``rng_hashes``.
+    The value itself is not used.
+    """
+    return int(torch.randint(2**62, ()).item()) ^ random.getrandbits(62) ^ int(np.random.randint(2**62, dtype=np.int64))
 
 
 def set_rng_state(state: dict[str, Any]) -> None:

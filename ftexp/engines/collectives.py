@@ -16,6 +16,8 @@ a list-form ``allgather``: a torch.distributed world or a torchft cross-cell gro
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.distributed as dist
 
@@ -30,6 +32,13 @@ def tree_fold(parts: list[torch.Tensor]) -> torch.Tensor:
         while len(level) > 1:
             level = [level[i] + level[i + 1] for i in range(0, len(level), 2)]
         return level[0].clone() if n == 1 else level[0]
+    return ascending_fold(parts)
+
+
+def ascending_fold(parts: list[torch.Tensor]) -> torch.Tensor:
+    """``((r0 + r1) + r2) + ...``: the fold for sizes that are not a power of two."""
+    if len(parts) == 1:
+        return parts[0].clone()
     total = parts[0] + parts[1]
     for p in parts[2:]:
         total = total + p
@@ -40,11 +49,13 @@ def _opts_allgather():
     return torch._C._distributed_c10d.AllgatherOptions()
 
 
-def sum_across(group, tensor: torch.Tensor, *, world_size: int, deterministic: bool, torchft: bool) -> None:
+def sum_across(group, tensor: torch.Tensor, *, world_size: int, deterministic: bool, torchft: bool,
+               fold: Callable[[list[torch.Tensor]], torch.Tensor] = tree_fold) -> None:
     """In place: ``tensor`` ← SUM of ``tensor`` over ``group``.
 
     ``torchft`` selects the call convention of a torchft ProcessGroup (``allreduce([t], op)``)
-    instead of torch.distributed's functional API on a plain process group.
+    instead of torch.distributed's functional API on a plain process group. ``fold`` is the
+    deterministic mode's fixed order (a negative control swaps it).
     """
     if world_size == 1:
         return
@@ -54,7 +65,7 @@ def sum_across(group, tensor: torch.Tensor, *, world_size: int, deterministic: b
             group.allgather([gathered], [tensor], _opts_allgather()).wait()
         else:
             dist.all_gather(gathered, tensor, group=group)
-        tensor.copy_(tree_fold(gathered))
+        tensor.copy_(fold(gathered))
     elif torchft:
         group.allreduce([tensor], dist.ReduceOp.SUM).wait()
     else:

@@ -37,7 +37,7 @@ class TestAction:
 
 
 class NegativeControl(enum.Enum):
-    """Deliberate healing and retry bugs, for tests proving the verdict turns red. Never on by default."""
+    """Deliberate healing, resume and retry bugs, for tests proving the verdict turns red. Never on by default."""
 
     skip_heal_transfer = "skip_heal_transfer"          # healed cell keeps its fresh initial state
     skip_optimizer_transfer = "skip_optimizer_transfer"  # healed cell gets weights but no optimizer state
@@ -45,6 +45,17 @@ class NegativeControl(enum.Enum):
     double_apply_retry = "double_apply_retry"
     # A rank whose cross-cell reduce failed steps on its local gradient anyway.
     leak_discarded_attempt = "leak_discarded_attempt"
+    # Healed cell gets weights and optimizer state but keeps its own fresh RNG generators.
+    skip_rng_transfer = "skip_rng_transfer"
+    # A resumed job starts a fresh event log instead of the checkpoint's snapshot (the witness
+    # counter restarts and the earlier phase's commits vanish from the audit trail).
+    skip_event_restore = "skip_event_restore"
+    # Cell 0 writes the group's dumps and metrics instead of the first alive cell: the same while only
+    # the last cell ever drops out, nothing at all for the rollouts that cell 0 is down.
+    cell0_writes_group_logs = "cell0_writes_group_logs"
+    # The cross-cell reduce folds ((c0 + c1) + c2) + c3 instead of the baseline's pairwise tree:
+    # bitwise the same on 2 cells (a + b == b + a), not on 4.
+    ascending_cell_fold = "ascending_cell_fold"
 
 
 def resolve_cell(index: int, num_cells: int) -> int:

@@ -20,7 +20,7 @@ from ftexp.scenarios.base import Kind
 from ftexp.verify.report import CheckResult
 
 # Modules of this package that are machinery, not scenarios.
-_NOT_SCENARIOS = {"base", "checks", "comparison"}
+_NOT_SCENARIOS = {"base", "cell_dumps", "checks", "comparison", "resume"}
 
 
 def scenario_modules() -> list[str]:

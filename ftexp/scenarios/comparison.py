@@ -16,8 +16,10 @@ from pathlib import Path
 from ftexp.config import ExperimentConfig, PhaseConfig
 from ftexp.faults.plan import FaultPlan, TestActionKind
 from ftexp.rundir import BASELINE, TARGET, dump_leaf_name, side_dir
+from ftexp.scenarios.cell_dumps import check_cell_dumps
 from ftexp.scenarios.checks import (check_event_rules, check_faults, check_leaves, check_target_commits,
                                     model_features, recovery_timings)
+from ftexp.scenarios.resume import resume_checks
 from ftexp.verify.dumps import compare_dumps
 from ftexp.verify.inventory import compare_inventories
 from ftexp.verify.metrics import compare_metrics
@@ -33,6 +35,7 @@ class PhaseExpectation:
     target_reconfigures: list[ReconfigureInfo] = field(default_factory=list)
     baseline_reconfigures: list[ReconfigureInfo] = field(default_factory=list)
     faults_injected: int = 0                             # crash test actions that must have fired
+    committers: dict[int, list[int]] = field(default_factory=dict)  # rollout -> the cells that commit it
 
 
 def phase_rollouts(cfg: ExperimentConfig, phase: PhaseConfig) -> list[int]:
@@ -48,12 +51,14 @@ def phase_rollouts(cfg: ExperimentConfig, phase: PhaseConfig) -> list[int]:
     return list(range(start, end))
 
 
-def planned_reconfigures(plan: FaultPlan, rollouts: list[int], num_cells: int) -> list[ReconfigureInfo]:
+def planned_reconfigures(plan: FaultPlan, rollouts: list[int], num_cells: int,
+                         committers: dict[int, list[int]] | None = None) -> list[ReconfigureInfo]:
     """The reconfigure events the plan must cause over ``rollouts``, every phase starting with all cells alive.
 
     Before each rollout the group refreshes: cells started since the last rollout are healed from
     the lowest-index alive cell, cells stopped without a restart shrink out. A crash during a
     rollout discards that attempt, and the retry's refresh shrinks the crashed cell out.
+    ``committers``, if given, receives the cells that commit each rollout.
     """
     alive, pending, quorum = set(range(num_cells)), set(), set(range(num_cells))
     events = []
@@ -70,6 +75,8 @@ def planned_reconfigures(plan: FaultPlan, rollouts: list[int], num_cells: int) -
             alive -= crashed
             events.append(ReconfigureInfo(rollout_id, None, [], sorted(alive)))
             quorum = set(alive)
+        if committers is not None:
+            committers[rollout_id] = sorted(alive)
         for action in plan.group_actions_after(rollout_id):
             if action.action == TestActionKind.stop_cell_at_end:
                 alive.discard(action.cell)
@@ -86,11 +93,13 @@ def expect(cfg: ExperimentConfig, phase: PhaseConfig) -> PhaseExpectation:
     n = cfg.mode.num_cells
     plan = FaultPlan(phase.target_actions, n)
     crashes = [a for a in plan.of_kind(TestActionKind.crash_before_allreduce) if a.at_rollout in rollouts]
-    reconfigures = planned_reconfigures(plan, rollouts, n)
+    committers: dict[int, list[int]] = {}
+    reconfigures = planned_reconfigures(plan, rollouts, n, committers)
     if phase.load_from is not None:
         earlier = next(p for p in cfg.scenario.phases if p.name == phase.load_from)
         reconfigures = expect(cfg, earlier).target_reconfigures + reconfigures
-    return PhaseExpectation(rollouts=rollouts, target_reconfigures=reconfigures, faults_injected=len(crashes))
+    return PhaseExpectation(rollouts=rollouts, target_reconfigures=reconfigures, faults_injected=len(crashes),
+                            committers=committers)
 
 
 def check_phase(cfg: ExperimentConfig, run_dir: Path, phase: PhaseConfig, expected: PhaseExpectation) -> list[CheckResult]:
@@ -111,6 +120,8 @@ def check_phase(cfg: ExperimentConfig, run_dir: Path, phase: PhaseConfig, expect
         checks.append(compare_dumps(base.dumps, targ.dumps, [tuple(r) for r in th.fp32_dumps], model_features=features,
                                     exclude_pattern=th.exclude_pattern, allow_skipped_pattern=th.allow_skipped_pattern,
                                     allow_failed_pattern=th.allow_failed_pattern).to_check(f"{label}dumps_fp32"))
+    # Every other alive cell's own dumps (a healed cell's, a survivor's), with the same rules.
+    checks += check_cell_dumps(base.dumps, targ, expected.committers, cfg.mode.num_cells, th, features=features, label=label)
     for m in th.metrics:
         # Every metric rule must cover at least one of the keys that are required to exist.
         required = [k for k in REQUIRED_METRICS if k.startswith(tuple(m.prefixes)) and k not in m.exclude]
@@ -121,6 +132,7 @@ def check_phase(cfg: ExperimentConfig, run_dir: Path, phase: PhaseConfig, expect
     checks.append(check_reconfigure_events(base.events, expected.baseline_reconfigures, f"{label}baseline_reconfigures"))
     checks.append(check_reconfigure_events(targ.events, expected.target_reconfigures, f"{label}target_reconfigures"))
     checks.append(check_target_commits(targ.events, expected.rollouts, f"{label}target_commits"))
+    checks += resume_checks(cfg, run_dir, phase, expected.rollouts, label)  # each side on its own, if resumed
     checks.append(check_faults(targ.events, expected.faults_injected, f"{label}faults_injected"))
     checks.append(check_event_rules(targ.events, f"{label}target_event_analyzer", audit=cfg.trainer.audit,
                                     expect_witness=cfg.trainer.witness_on))

@@ -30,7 +30,8 @@ from ftexp.engines.registry import get_engine
 from ftexp.job import JobSpec
 from ftexp.rollout.recorded import load_rollout
 from ftexp.rundir import rollout_path
-from ftexp.trainer.checkpoint import complete_checkpoint, load_rank_state, save_rank_state, start_event_log
+from ftexp.trainer.checkpoint import (complete_checkpoint, load_rank_state, resume_event, save_rank_state,
+                                      start_event_log)
 from ftexp.trainer.step import record_metrics, record_step_time, train_step
 from ftexp.trainer.store import LoopbackStore
 
@@ -49,6 +50,10 @@ def _rank_main(spec: JobSpec, rank: int, world_size: int, store_port: int, witne
     dp_rank, dp_size = replica.data_parallel
     if spec.load_dir is not None:
         replica.load_state_dict(load_rank_state(spec.load_dir, spec.start_rollout_id() - 1, replica.coords))
+        loaded = [torch.zeros(1, dtype=torch.int64) for _ in range(world_size)]
+        dist.all_gather(loaded, torch.tensor([replica.last_rollout_id]))
+        if rank == 0:  # what was restored, for the verifier's absolute resume checks
+            events.log(resume_event(spec, witness_counter, [int(t) for t in loaded]))
     allocator = None
     if spec.trainer.witness_on:
         allocator = WitnessIdAllocator(spec.trainer.witness_buffer_size)

@@ -15,9 +15,10 @@ from typing import Any
 
 import torch
 
-from ftexp.audit.events import read_events
+from ftexp.audit.events import TrainResumeEvent, read_events
 from ftexp.audit.witness import persisted_counter
 from ftexp.errors import RunDirError, file_error
+from ftexp.faults.plan import NegativeControl
 from ftexp.job import JobSpec
 from ftexp.rundir import (TRACKER, events_snapshot, iter_dir, latest_checkpoint, mark_checkpoint_complete,
                           rank_state_file)
@@ -96,6 +97,13 @@ def start_event_log(spec: JobSpec) -> int:
     counter read: allocations logged after that checkpoint never reached its weights, so their ids
     are free again, while every id the checkpoint's weights hold stays taken.
     """
-    if spec.load_dir is not None:
+    if spec.load_dir is not None and spec.trainer.negative_control != NegativeControl.skip_event_restore:
         restore_events(spec.load_dir, spec.side_dir.events)
     return persisted_counter(read_events(spec.side_dir.events))
+
+
+def resume_event(spec: JobSpec, witness_counter: int, loaded_rollout_ids: list[int]) -> TrainResumeEvent:
+    """What a resumed job restored: the checkpoint, what its loaded rank states say they last
+    committed, the first rollout it trains and the witness counter it continues from."""
+    return TrainResumeEvent(checkpoint_rollout_id=spec.start_rollout_id() - 1, loaded_rollout_ids=sorted(loaded_rollout_ids),
+                            first_rollout_id=spec.rollout_ids().start, witness_counter=witness_counter)

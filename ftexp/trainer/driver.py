@@ -24,7 +24,7 @@ from ftexp.engines.registry import get_engine
 from ftexp.faults.plan import TestActionKind
 from ftexp.job import JobSpec
 from ftexp.trainer.cell_rank import CellRank
-from ftexp.trainer.checkpoint import start_event_log
+from ftexp.trainer.checkpoint import resume_event, start_event_log
 from ftexp.trainer.group import TrainGroup
 from ftexp.trainer.step import record_step_time
 from ftexp.trainer.store import LoopbackStore
@@ -112,7 +112,9 @@ def run_ft_driver(spec: JobSpec) -> None:
     plane = watchdog = None
     soak = spec.soak
     try:
-        group.init(load_rollout_id=rollouts.start - 1 if spec.load_dir is not None else None)
+        ranks_started = group.init(load_rollout_id=rollouts.start - 1 if spec.load_dir is not None else None)
+        if spec.load_dir is not None:  # what was restored, for the verifier's absolute resume checks
+            events.log(resume_event(spec, witness_counter, [r["last_rollout_id"] for r in ranks_started]))
         if spec.control is not None and spec.control.enabled:
             plane = _start_control_plane(spec, group, events)
         if soak is not None:

@@ -47,16 +47,18 @@ class TrainGroup:
         self.waiting_on: dict[int, str] = {}  # cell -> the call the loop is blocked on (for hang diagnosis)
 
     # ---- start-up -----------------------------------------------------------------------------
-    def init(self, load_rollout_id: int | None) -> None:
-        """Allocate every cell and join quorum 0 with all cells alive."""
+    def init(self, load_rollout_id: int | None) -> list[dict[str, Any]]:
+        """Allocate every cell and join quorum 0 with all cells alive; every rank's init result."""
         alive = [c.index for c in self.cells]
         for cell in self.cells:
             cell.allocate()
         refs = {c.index: c.submit("init", IndepDPInfo.for_cell(c.index, len(self.cells), 0, alive), load_rollout_id, None)
                 for c in self.cells}
+        results = []
         for cell in self.cells:
-            cell.collect(refs[cell.index])
+            results += cell.collect(refs[cell.index])
             cell.mark_alive(IndepDPInfo.for_cell(cell.index, len(self.cells), 0, alive))
+        return results
 
     # ---- membership ---------------------------------------------------------------------------
     def alive_indices(self) -> list[int]:

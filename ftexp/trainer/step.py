@@ -17,7 +17,7 @@ import torch
 
 from ftexp.audit.events import EventLogger, MetricEvent, TrainAdvantageComputationEvent, WitnessSnapshotParamEvent
 from ftexp.audit.witness import WitnessInfo
-from ftexp.engines.base import Replica
+from ftexp.engines.base import Replica, draw_step_randomness
 from ftexp.engines.grpo import make_train_batch, strided_shard, token_advantages
 from ftexp.rundir import SideDir
 
@@ -29,9 +29,10 @@ def train_step(replica: Replica, rollout: dict, rollout_id: int, attempt: int, *
     """The step both sides run. ``reduce`` SUMs the flat buffer in place and says whether it worked.
 
     On failure the gradients are dropped and nothing is stepped, so a discarded attempt leaves no
-    trace in weights or optimizer state. ``on_commit`` runs after the reduce and before the
-    optimizer step (that is where weights and reduced grads are dumped). ``witness`` (one id per
-    sample of the rollout) is required exactly when the replica's model has witnesses.
+    trace in weights, optimizer state or RNG generators (a commit draws once from each).
+    ``on_commit`` runs after the reduce and before the optimizer step (that is where weights and
+    reduced grads are dumped). ``witness`` (one id per sample of the rollout) is required exactly
+    when the replica's model has witnesses.
     """
     if (witness is not None) != replica.has_witness:
         raise ValueError("witness ids must be given exactly when the model has witnesses (trainer.enable_witness)")
@@ -49,6 +50,7 @@ def train_step(replica: Replica, rollout: dict, rollout_id: int, attempt: int, *
         return False, None
     on_commit()
     grad_norm = replica.optimizer_step(rollout_id)
+    draw_step_randomness()  # the generators move with every commit, as a sampling step would move them
     metrics = replica.metrics(stats, grad_norm, rollout)
     replica.zero_grad()
     if witness is not None:

@@ -6,3 +6,7 @@ import os
 # 127.0.0.1 instead of the host's external address, so every socket of a run stays on loopback.
 # Every ftexp process imports this package before Ray, and Ray workers inherit the environment.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+# Ray's token authentication, decided the same way in every process: a process joining a cluster by
+# address (a multi-node job's worker node) with another setting fails with InvalidAuthToken. Off: every
+# node of a run is reached only from this job; set RAY_AUTH_MODE=token (+ RAY_AUTH_TOKEN) to turn it on.
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")

@@ -10,8 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ftexp.config import ControlConfig, ModeConfig, SoakConfig, TrainerConfig
+from ftexp.config import ControlConfig, ModeConfig, RayClusterConfig, SoakConfig, TrainerConfig
 from ftexp.faults.plan import FaultPlan
+from ftexp.placement import Placement
 from ftexp.rundir import SideDir, latest_checkpoint
 
 
@@ -32,6 +33,12 @@ class JobSpec:
     exit_after_rollouts: int | None = None
     control: ControlConfig | None = None  # the control plane (target only, when enabled)
     soak: SoakConfig | None = None        # set only when the scenario is a soak (target only)
+    placement: Placement | None = None    # multi-node jobs: which node each rank runs on (None: one node)
+    cluster: RayClusterConfig | None = None  # multi-node jobs: how the nodes' Ray cluster forms
+
+    @property
+    def nodes(self) -> int:
+        return self.placement.nodes if self.placement is not None else 1
 
     @property
     def num_cells(self) -> int:

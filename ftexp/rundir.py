@@ -93,6 +93,11 @@ class SideDir:
         return self.root / CONTROL_FILE
 
     @property
+    def cluster(self) -> Path:
+        """Where the tasks of a multi-node job meet (``ftexp.faults.nodes``)."""
+        return self.root / "cluster"
+
+    @property
     def injections(self) -> Path:
         return self.root / INJECTIONS_FILE
 

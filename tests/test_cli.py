@@ -20,7 +20,11 @@ from ftexp_runner import run_ftexp
     (["mode=dp2_cp2_tp2_ep2", "mode.sequence_parallel=false"], "needs sequence_parallel=true"),
     (["mode=dp2", "trainer.engine=megatron", "mode.model_preset=huge"], "unknown model_preset 'huge'"),
     (["mode=dp2_cp2_real_rollout"], "rollout engines are not built yet"),
-    (["mode=6node_dp4_cp2_tp2_pp2_ep2_etp2"], "needs 4 train nodes + 2 rollout nodes; launcher=local has 1"),
+    (["mode=6node_dp4_cp2_tp2_pp2_ep2_etp2"], "needs 4 train nodes (launcher=local is one machine: use launcher=slurm); "
+     "and 2 rollout engines on 2 rollout nodes (ftexp trains on recorded rollouts only; rollout engines are not built "
+     "yet); and expert-TP 2"),
+    (["mode=dp2", "launcher.nodes=2"], "launcher.nodes=2 needs launcher=slurm"),
+    (["mode=dp2", "scenario=node_failure"], "needs launcher=slurm launcher.nodes>=2"),
     (["stage=compare"], "stage=compare needs run_dir"),
     (["stage=bogus"], "stage"),
     (["seed=abc"], "seed"),

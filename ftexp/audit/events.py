@@ -171,6 +171,28 @@ class FaultInjectedEvent(_Event):
     action: str
     cell_index: int | None = None
     rank: int | None = None
+    node_index: int | None = None     # a node fault: the node taken away (with every cell on it)
+
+
+class CellPlacementEvent(_Event):
+    """Where one incarnation of a cell runs (multi-node jobs): each rank's node, as the rank itself reports it."""
+
+    type: Literal["cell_placement"] = "cell_placement"
+    cell_index: int
+    incarnation: int
+    rank_nodes: list[int]             # [rank within cell] -> node index
+    planned_rank_nodes: list[int]     # what the placement asked for
+    ray_node_ids: list[str] = Field(default_factory=list)
+
+
+class NodeStateEvent(_Event):
+    """A node of a multi-node job came back after a node fault (``rejoined``), with how long it took."""
+
+    type: Literal["node_state"] = "node_state"
+    node_index: int
+    state: Literal["lost", "rejoined"]
+    ray_node_id: str | None = None
+    timings: dict[str, float] = Field(default_factory=dict)  # down_s (away), rejoin_s (asked back -> alive)
 
 
 Event = Annotated[
@@ -183,6 +205,8 @@ Event = Annotated[
         WitnessSnapshotParamEvent,
         TrainAdvantageComputationEvent,
         FaultInjectedEvent,
+        CellPlacementEvent,
+        NodeStateEvent,
         ControlServerStartedEvent,
         CellLifecycleEvent,
         TrainResumeEvent,

@@ -6,6 +6,12 @@ attempt a?"), the driver ("which cells do I stop or start after rollout k?") and
 expectations ("which shrinks and heals must the event log show?"). ``cell_index`` -1 means the
 last cell; it is resolved in one place, :func:`resolve_cell`.
 
+Node faults (multi-node jobs) take a whole node away: ``kill_node_before_allreduce`` makes the first
+rank placed on ``node_index`` have its node killed right before that rank's cross-cell reduce (so
+every cell on the node is lost in the same attempt, before any survivor could commit with it), and
+``restore_node_at_end`` brings the node back after the rollout commits; its cells are then healed.
+Which cells a node holds comes from the job's placement (``ftexp.placement``), given to the plan.
+
 Negative controls are deliberate healing and retry bugs, planted to prove the verdict turns red.
 """
 
@@ -13,8 +19,11 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Optional
 
 from omegaconf import MISSING
+
+from ftexp.errors import InputError
 
 
 class TestActionKind(enum.Enum):
@@ -22,6 +31,8 @@ class TestActionKind(enum.Enum):
     crash_before_allreduce = "crash_before_allreduce"  # actor-level: exit hard before the reduce
     stop_cell_at_end = "stop_cell_at_end"              # group-level, after the rollout commits
     start_cell_at_end = "start_cell_at_end"
+    kill_node_before_allreduce = "kill_node_before_allreduce"  # the whole node (all its cells) dies
+    restore_node_at_end = "restore_node_at_end"                # group-level: the node comes back, its cells heal
 
 
 @dataclass
@@ -34,6 +45,10 @@ class TestAction:
     cell_index: int = -1
     rank: int = 0
     attempt: int = 0
+    node_index: Optional[int] = None  # node faults: which node (never 0, the head)
+
+
+NODE_ACTIONS = ("kill_node_before_allreduce", "restore_node_at_end")
 
 
 class NegativeControl(enum.Enum):
@@ -75,24 +90,49 @@ class PlannedAction:
     cell: int
     rank: int
     attempt: int
+    node: int | None = None
+    cells: tuple[int, ...] = ()  # node faults: every cell on the node
+
+
+def _resolve(a: TestAction, num_cells: int, placement) -> PlannedAction:
+    if a.action.value not in NODE_ACTIONS:
+        return PlannedAction(a.at_rollout, a.action, resolve_cell(a.cell_index, num_cells), a.rank, a.attempt)
+    if placement is None or not placement.multi_node:
+        raise InputError(f"{a.action.value} needs a multi-node job (launcher.nodes > 1)")
+    if a.node_index is None or not 1 <= a.node_index < placement.nodes:
+        raise InputError(f"{a.action.value}: node_index {a.node_index} must name a node 1..{placement.nodes - 1} "
+                         f"(node 0 runs the driver)")
+    cells = tuple(placement.cells_on(a.node_index))
+    if not cells:
+        raise InputError(f"{a.action.value}: node {a.node_index} holds no cell")
+    cell, rank = placement.first_rank_on(a.node_index)
+    return PlannedAction(a.at_rollout, a.action, cell, rank, a.attempt, a.node_index, cells)
 
 
 class FaultPlan:
-    """The test actions of one phase of one side, with every cell index resolved."""
+    """The test actions of one phase of one side, with every cell index (and node) resolved.
 
-    def __init__(self, actions: list[TestAction], num_cells: int):
-        self.actions = [PlannedAction(a.at_rollout, a.action, resolve_cell(a.cell_index, num_cells), a.rank, a.attempt)
-                        for a in actions]
+    ``placement`` (a ``ftexp.placement.Placement``) is needed only by node faults.
+    """
+
+    def __init__(self, actions: list[TestAction], num_cells: int, placement=None):
+        self.actions = [_resolve(a, num_cells, placement) for a in actions]
 
     def crash_before_reduce(self, cell: int, rank: int, rollout_id: int, attempt: int) -> PlannedAction | None:
         """The crash planned for this rank of this cell right before this attempt's cross-cell reduce."""
         return next((a for a in self.actions if a.action == TestActionKind.crash_before_allreduce
                      and (a.cell, a.rank, a.at_rollout, a.attempt) == (cell, rank, rollout_id, attempt)), None)
 
+    def node_fault_before_reduce(self, cell: int, rank: int, rollout_id: int, attempt: int) -> PlannedAction | None:
+        """The node fault this rank (the first on its node) sets off right before this attempt's reduce."""
+        return next((a for a in self.actions if a.action == TestActionKind.kill_node_before_allreduce
+                     and (a.cell, a.rank, a.at_rollout, a.attempt) == (cell, rank, rollout_id, attempt)), None)
+
     def group_actions_after(self, rollout_id: int) -> list[PlannedAction]:
-        """Cells to stop or start once ``rollout_id`` has committed, in plan order."""
+        """Cells to stop or start (nodes to restore) once ``rollout_id`` has committed, in plan order."""
         return [a for a in self.actions if a.at_rollout == rollout_id
-                and a.action in (TestActionKind.stop_cell_at_end, TestActionKind.start_cell_at_end)]
+                and a.action in (TestActionKind.stop_cell_at_end, TestActionKind.start_cell_at_end,
+                                 TestActionKind.restore_node_at_end)]
 
     def of_kind(self, kind: TestActionKind) -> list[PlannedAction]:
         return [a for a in self.actions if a.action == kind]

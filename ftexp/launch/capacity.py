@@ -1,8 +1,9 @@
 """Can this cluster run the mode? Checked at launch, after the config is valid, before any job starts.
 
 A mode names what it needs (train nodes, rollout engines, expert-TP); a local launcher is one
-node, a Slurm launcher has the nodes ``sinfo`` reports. What cannot run here is refused with one
-line (exit 2) instead of failing deep inside a rank.
+node, a Slurm launcher has the nodes ``sinfo`` reports, and a multi-node job's cells must fit its
+nodes (``ftexp.placement``). What cannot run here is refused with one line (exit 2) naming every
+reason, instead of failing deep inside a rank.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import torch
 
 from ftexp.config import ExperimentConfig, LauncherKind
 from ftexp.errors import InputError
+from ftexp.placement import job_nodes, placement_for
 
 
 def available_nodes(cfg: ExperimentConfig) -> int:
@@ -25,18 +27,33 @@ def available_nodes(cfg: ExperimentConfig) -> int:
 
 
 def check_capacity(cfg: ExperimentConfig) -> None:
-    mode = cfg.mode
-    if mode.nodes > 1:
-        rollout_nodes = 0
-        if mode.rollout_num_engines and not mode.colocate and mode.train_gpus_per_node:
-            rollout_nodes = -(-mode.rollout_num_engines * mode.rollout_gpus_per_engine // mode.train_gpus_per_node)
+    """Everything this cluster cannot give the mode, in one line (exit 2), before any job starts."""
+    mode, launcher = cfg.mode, cfg.launcher
+    if launcher.nodes > 1 and launcher.name != LauncherKind.slurm:
+        raise InputError(f"launcher.nodes={launcher.nodes} needs launcher=slurm (launcher={launcher.name.value} "
+                         f"is this one machine)")
+    reasons = []
+    nodes = max(mode.nodes, job_nodes(cfg))
+    if nodes > 1:
         have = available_nodes(cfg)
-        if mode.nodes + rollout_nodes > have:
-            raise InputError(f"mode {mode.name} needs {mode.nodes} train nodes + {rollout_nodes} rollout nodes; "
-                             f"launcher={cfg.launcher.name.value} has {have}")
+        if launcher.name == LauncherKind.local:
+            reasons.append(f"{nodes} train nodes (launcher=local is one machine: use launcher=slurm)")
+        elif nodes > have:
+            reasons.append(f"{nodes} train nodes (launcher=slurm has {have})")
+        else:
+            try:
+                placement_for(cfg)  # the cells must fit the nodes
+            except InputError as e:
+                reasons.append(f"its cells placed on {nodes} nodes: {e}")
     if mode.rollout_num_engines:
-        raise InputError(f"mode {mode.name} needs {mode.rollout_num_engines} rollout engines; ftexp trains on "
-                         f"recorded rollouts only (rollout engines are not built yet)")
+        rollout_nodes = 0
+        if not mode.colocate and mode.train_gpus_per_node:
+            rollout_nodes = -(-mode.rollout_num_engines * mode.rollout_gpus_per_engine // mode.train_gpus_per_node)
+        where = f" on {rollout_nodes} rollout nodes" if rollout_nodes else ""
+        reasons.append(f"{mode.rollout_num_engines} rollout engines{where} (ftexp trains on recorded rollouts only; "
+                       f"rollout engines are not built yet)")
     if mode.etp > 1 and not torch.cuda.is_available():
-        raise InputError(f"mode {mode.name}: expert-TP {mode.etp} needs unevenly sized all-gathers, which gloo "
-                         f"cannot do on CPU (set mode.etp=1)")
+        reasons.append(f"expert-TP {mode.etp}, which needs unevenly sized all-gathers that gloo cannot do on CPU "
+                       f"(set mode.etp=1)")
+    if reasons:
+        raise InputError(f"mode {mode.name} needs " + "; and ".join(reasons))

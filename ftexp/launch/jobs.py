@@ -39,6 +39,7 @@ import submitit
 from ftexp.config import LauncherKind
 from ftexp.errors import InputError, Interrupted, interrupt_signal, one_line
 from ftexp.job import JobSpec
+from ftexp.launch.multinode import run_on_node
 from ftexp.launch.progress import SideProgress
 from ftexp.rundir import BASELINE
 from ftexp.trainer.baseline import run_baseline
@@ -207,7 +208,9 @@ def train_side(spec: JobSpec) -> str:
                         format="[%(asctime)s] %(name)s: %(message)s", datefmt="%H:%M:%S")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per control-API poll otherwise
     log.info("training %s%s: rollouts %s", spec.side, f"/{spec.phase}" if spec.phase else "", list(spec.rollout_ids()))
-    if spec.side == BASELINE:
+    if spec.nodes > 1:  # this is one of the job's tasks, one per node
+        run_on_node(spec)
+    elif spec.side == BASELINE:
         run_baseline(spec)
     else:
         run_ft_driver(spec)
@@ -233,7 +236,8 @@ def bad_input_in_log(path: Path) -> str | None:
     return next((m.group(1).strip() for ln in reversed(lines) if (m := _BAD_INPUT_LINE.match(ln.strip()))), None)
 
 
-def make_executor(folder: Path, launcher_cfg) -> submitit.Executor:
+def make_executor(folder: Path, launcher_cfg, nodes: int = 1) -> submitit.Executor:
+    """``nodes`` > 1 (Slurm only): one task per node, each running the job body (see ``ftexp.launch.multinode``)."""
     if launcher_cfg.name == LauncherKind.local:
         executor = submitit.LocalExecutor(folder=folder)
         executor.update_parameters(timeout_min=launcher_cfg.timeout_min)
@@ -241,7 +245,7 @@ def make_executor(folder: Path, launcher_cfg) -> submitit.Executor:
     executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=0)
     options = {"partition": launcher_cfg.partition, "account": launcher_cfg.account,
                "cpus_per_task": launcher_cfg.cpus_per_task, "gpus_per_node": launcher_cfg.gpus_per_node}
-    executor.update_parameters(time=launcher_cfg.timeout_min, nodes=launcher_cfg.nodes, job_name="ftexp",
+    executor.update_parameters(time=launcher_cfg.timeout_min, nodes=nodes, job_name="ftexp",
                                additional_parameters=dict(launcher_cfg.additional_parameters),
                                **{k: v for k, v in options.items() if v is not None})
     return executor
@@ -256,6 +260,7 @@ def wait_for(job: submitit.Job, poll_interval_s: float, on_poll=lambda: None) ->
 
 def job_failure(job: submitit.Job, log_path: Path) -> str | None:
     """None if the job returned normally; else why it did not, with the tail of its log."""
+    job = job._sub_jobs[0] if getattr(job, "_sub_jobs", None) else job  # multi-node: task 0 (the head) decides
     if job.paths.result_pickle.exists():
         try:
             job.result()
@@ -303,7 +308,7 @@ def run_side_job(spec: JobSpec, launcher_cfg, on_poll=lambda: None) -> None:
     if spec.load_dir is not None:
         check_resumable(spec.load_dir)  # a resumed phase needs its checkpoint: one line before any job starts
     spec.side_dir.root.mkdir(parents=True, exist_ok=True)
-    executor = make_executor(spec.side_dir.submitit, launcher_cfg)
+    executor = make_executor(spec.side_dir.submitit, launcher_cfg, nodes=spec.nodes)
     job, processes = submit(executor, train_side, spec)
     log.info("%s: submitted job %s (log: %s)", where, job.job_id, spec.side_dir.train_log)
 

@@ -15,6 +15,7 @@ from ftexp.faults.plan import FaultPlan
 from ftexp.faults.soak import SoakInjection
 from ftexp.job import JobSpec
 from ftexp.launch.jobs import run_side_job
+from ftexp.placement import placement_for
 from ftexp.rundir import TARGET, rollout_data_dir, side_dir
 from ftexp.scenarios import load_scenario
 
@@ -23,15 +24,17 @@ def job_spec(cfg: ExperimentConfig, run_dir: Path, side: str, phase: PhaseConfig
     """What the training job of ``side`` in ``phase`` runs; the fault plan and control plane are the target's."""
     target = side == TARGET
     soak = load_scenario(cfg.scenario).is_soak
+    placement = placement_for(cfg)
     return JobSpec(
         side=side, phase=phase.name, side_dir=side_dir(run_dir, side, phase.name), data_dir=rollout_data_dir(run_dir),
         trainer=cfg.trainer, mode=cfg.mode, num_rollout=cfg.scenario.num_rollout,
-        plan=FaultPlan(phase.target_actions if target else [], cfg.mode.num_cells),
+        plan=FaultPlan(phase.target_actions if target else [], cfg.mode.num_cells, placement),
         deterministic=cfg.scenario.deterministic, seed=cfg.seed,
         load_dir=side_dir(run_dir, side, phase.load_from).ckpt if phase.load_from is not None else None,
         save_interval=phase.save_interval, exit_after_rollouts=phase.exit_after_rollouts,
         control=cfg.scenario.control if target and cfg.scenario.control.enabled else None,
         soak=cfg.scenario.soak if target and soak else None,
+        placement=placement, cluster=cfg.launcher.ray if placement is not None else None,
     )
 
 

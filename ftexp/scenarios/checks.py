@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ftexp.audit.analyzer import analyze
-from ftexp.audit.events import (CellReconfigureEvent, FaultInjectedEvent, TrainEngineLocalWeightChecksumEvent, TrainGroupStepEndEvent,
+from ftexp.audit.events import (CellReconfigureEvent, FaultInjectedEvent, NodeStateEvent, TrainEngineLocalWeightChecksumEvent, TrainGroupStepEndEvent,
                                 WitnessAllocateIdEvent, WitnessSnapshotParamEvent, read_events)
 from ftexp.config import Engine, ExperimentConfig
 from ftexp.engines.megatron.presets import PRESETS
@@ -41,6 +41,8 @@ def recovery_timings(events_dir: Path, name: str) -> CheckResult:
     """
     events = read_events(events_dir)
     faults = [e for e in events if isinstance(e, FaultInjectedEvent)]
+    nodes = sorted((e for e in events if isinstance(e, NodeStateEvent) and e.state == "rejoined"),
+                   key=lambda e: e.timestamp)
     commits = sorted((e for e in events if isinstance(e, TrainGroupStepEndEvent)), key=lambda e: e.timestamp)
     rows = []
     for e in sorted((e for e in events if isinstance(e, CellReconfigureEvent)), key=lambda e: e.timestamp):
@@ -52,13 +54,20 @@ def recovery_timings(events_dir: Path, name: str) -> CheckResult:
         if not e.healed_cell_indices:
             fault = next((f for f in reversed(faults) if f.timestamp <= e.timestamp), None)
             row["detection_s"] = round((e.timestamp - fault.timestamp).total_seconds(), 3) if fault else None
+            if fault is not None and fault.node_index is not None:
+                row["node_lost"] = fault.node_index
         elif e.timings.get("transfer_s"):
             row["heal_bytes_per_s"] = round(e.bytes_transferred / e.timings["transfer_s"])
+        if e.healed_cell_indices:  # a node that came back before this heal: how long it was away, how long to rejoin
+            node = next((n for n in reversed(nodes) if n.timestamp <= e.timestamp), None)
+            if node is not None and not any(r.get("node_back") == node.node_index for r in rows):
+                row.update({"node_back": node.node_index, **{f"node_{k}": v for k, v in node.timings.items()},
+                            "node_back_to_heal_s": round((e.timestamp - node.timestamp).total_seconds(), 3)})
         rows.append(row)
     ok = all(r["first_commit_s"] is not None for r in rows)
     summary = "; ".join(
         f"{r['kind']}@{r['rollout_id']}: " + ", ".join(f"{k}={v}" for k, v in r.items()
-                                                        if k.endswith("_s") or k in ("bytes", "heal_bytes_per_s"))
+                                                        if k.endswith("_s") or k in ("bytes", "heal_bytes_per_s", "node_lost", "node_back"))
         for r in rows)
     return CheckResult(name, ok, summary or "no reconfigure events", {"recoveries": rows})
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ftexp.config import ExperimentConfig, PhaseConfig
 from ftexp.faults.plan import FaultPlan, TestActionKind
+from ftexp.placement import placement_for
 from ftexp.rundir import BASELINE, TARGET, dump_leaf_name, side_dir
 from ftexp.scenarios.cell_dumps import check_cell_dumps
 from ftexp.scenarios.checks import (check_event_rules, check_faults, check_leaves, check_target_commits,
@@ -71,6 +72,8 @@ def planned_reconfigures(plan: FaultPlan, rollouts: list[int], num_cells: int,
             events.append(ReconfigureInfo(rollout_id, None, [], sorted(alive)))
         quorum = set(alive)
         crashed = {a.cell for a in plan.of_kind(TestActionKind.crash_before_allreduce) if a.at_rollout == rollout_id}
+        crashed |= {c for a in plan.of_kind(TestActionKind.kill_node_before_allreduce)  # a lost node takes all its cells
+                    if a.at_rollout == rollout_id and a.cell in alive for c in a.cells}
         if crashed & alive and len(alive) > 1:
             alive -= crashed
             events.append(ReconfigureInfo(rollout_id, None, [], sorted(alive)))
@@ -81,6 +84,8 @@ def planned_reconfigures(plan: FaultPlan, rollouts: list[int], num_cells: int,
             if action.action == TestActionKind.stop_cell_at_end:
                 alive.discard(action.cell)
                 pending.discard(action.cell)
+            elif action.action == TestActionKind.restore_node_at_end:
+                pending |= set(action.cells) - alive
             elif action.cell not in alive:
                 pending.add(action.cell)
     return events
@@ -91,8 +96,9 @@ def expect(cfg: ExperimentConfig, phase: PhaseConfig) -> PhaseExpectation:
     log — including those of the phase it resumes from, whose events it restores."""
     rollouts = phase_rollouts(cfg, phase)
     n = cfg.mode.num_cells
-    plan = FaultPlan(phase.target_actions, n)
-    crashes = [a for a in plan.of_kind(TestActionKind.crash_before_allreduce) if a.at_rollout in rollouts]
+    plan = FaultPlan(phase.target_actions, n, placement_for(cfg))
+    crashes = [a for kind in (TestActionKind.crash_before_allreduce, TestActionKind.kill_node_before_allreduce)
+               for a in plan.of_kind(kind) if a.at_rollout in rollouts]
     committers: dict[int, list[int]] = {}
     reconfigures = planned_reconfigures(plan, rollouts, n, committers)
     if phase.load_from is not None:

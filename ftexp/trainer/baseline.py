@@ -27,6 +27,7 @@ from ftexp.audit.events import EventLogger, ProcessIdentity
 from ftexp.audit.witness import WitnessIdAllocator, allocation_event
 from ftexp.engines.collectives import sum_across
 from ftexp.engines.registry import get_engine
+from ftexp.faults.nodes import NodeFiles
 from ftexp.job import JobSpec
 from ftexp.rollout.recorded import load_rollout
 from ftexp.rundir import rollout_path
@@ -36,12 +37,14 @@ from ftexp.trainer.step import record_metrics, record_step_time, train_step
 from ftexp.trainer.store import LoopbackStore
 
 log = logging.getLogger(__name__)
+NODE_DONE_GRACE_S = 60.0
 
 
-def _rank_main(spec: JobSpec, rank: int, world_size: int, store_port: int, witness_counter: int) -> None:
+def _rank_main(spec: JobSpec, rank: int, world_size: int, store_port: int, witness_counter: int,
+               store_host: str = "127.0.0.1") -> None:
     torch.set_num_threads(spec.trainer.threads_per_rank)
     torch.use_deterministic_algorithms(spec.deterministic)
-    store = dist.TCPStore("127.0.0.1", store_port, is_master=False, timeout=dt.timedelta(seconds=60))
+    store = dist.TCPStore(store_host, store_port, is_master=False, timeout=dt.timedelta(seconds=60))
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
                             timeout=dt.timedelta(seconds=spec.trainer.world_timeout_s))
     events = EventLogger(spec.side_dir.events, ProcessIdentity(component="dp", rank_within_cell=rank))
@@ -86,16 +89,49 @@ def _rank_main(spec: JobSpec, rank: int, world_size: int, store_port: int, witne
     dist.destroy_process_group()
 
 
-def _rank_entry(spec: JobSpec, rank: int, world_size: int, store_port: int, witness_counter: int) -> None:
+def _rank_entry(spec: JobSpec, rank: int, world_size: int, store_port: int, witness_counter: int,
+                store_host: str = "127.0.0.1") -> None:
     logging.basicConfig(level=logging.INFO, stream=sys.stdout,
                         format=f"[%(asctime)s] dp_rank{rank} %(name)s: %(message)s", datefmt="%H:%M:%S")
-    _rank_main(spec, rank, world_size, store_port, witness_counter)
+    _rank_main(spec, rank, world_size, store_port, witness_counter, store_host)
 
 
-def run_baseline(spec: JobSpec) -> None:
-    """Run the baseline side to completion; raise if any rank fails."""
-    witness_counter = start_event_log(spec)
-    store = LoopbackStore()
+def _meet_head(spec: JobSpec, node: int, files: NodeFiles | None, host: str, join_timeout_s: float):
+    """(store host, store port, witness counter, the store if this is the head). On a multi-node job task 0
+    hosts the world's store and publishes it; every other task waits for that."""
+    if node == 0:
+        witness_counter = start_event_log(spec)
+        store = LoopbackStore(host)
+        if files is not None:
+            files.publish("head", {"store": store.address, "witness_counter": witness_counter})
+        return host, store.port, witness_counter, store
+    head = files.wait_for("head", join_timeout_s, abandon=files.finished)
+    if head is None:
+        raise RuntimeError(f"baseline node{node}: the head (task 0) published no store within {join_timeout_s:g} s")
+    store_host, port = head["store"].rsplit(":", 1)
+    return store_host, int(port), head["witness_counter"], None
+
+
+def run_baseline(spec: JobSpec, node: int = 0, files: NodeFiles | None = None, host: str = "127.0.0.1",
+                 join_timeout_s: float = 180.0) -> None:
+    """Run the baseline side to completion; raise if any rank fails.
+
+    On a multi-node job (``spec.placement``) every node's task runs this with its ``node`` index and
+    forks only the ranks placed on it (``Placement.baseline_ranks_on``); the world spans the nodes.
+    """
+    try:
+        _run_baseline_ranks(spec, node, files, host, join_timeout_s)
+    except BaseException as e:
+        if files is not None:  # the other nodes' ranks are stuck on this node's: they stop at once
+            files.mark_failed(node, f"{type(e).__name__}: {e}")
+        raise
+    finally:
+        if files is not None and node == 0:
+            files.finish()  # tells the other nodes' tasks, whose ranks are then done (or stuck on a dead peer)
+
+
+def _run_baseline_ranks(spec: JobSpec, node: int, files: NodeFiles | None, host: str, join_timeout_s: float) -> None:
+    store_host, store_port, witness_counter, store = _meet_head(spec, node, files, host, join_timeout_s)  # noqa: F841
     # Ranks fork from a server that imported the trainer (and megatron-core) once: 8 fresh
     # imports of megatron cost ~50 CPU-seconds on 2 cores. The server forks before any rank
     # creates threads or process groups, so each rank still starts clean.
@@ -103,13 +139,22 @@ def run_baseline(spec: JobSpec) -> None:
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload([__name__, *engine.preload_modules])
     world_size = spec.num_cells * engine.ranks_per_replica(spec.mode)
-    procs = [ctx.Process(target=_rank_entry, args=(spec, r, world_size, store.port, witness_counter), name=f"dp_rank{r}")
-             for r in range(world_size)]
+    ranks = range(world_size) if spec.placement is None else spec.placement.baseline_ranks_on(node)
+    procs = [ctx.Process(target=_rank_entry, args=(spec, r, world_size, store_port, witness_counter, store_host),
+                         name=f"dp_rank{r}") for r in ranks]
     for p in procs:
         p.start()
-    # A dead rank leaves its peers blocked in a collective: stop them all as soon as one fails.
+    # A dead rank leaves its peers blocked in a collective: stop them all as soon as one fails
+    # (on a multi-node job: as soon as another node's task reports a failure, or the head is long done).
+    done_since = None
     while any(p.is_alive() for p in procs):
         failed = [(p.name, p.exitcode) for p in procs if p.exitcode not in (None, 0)]
+        if files is not None and not failed:
+            failed = [(f"node{i}", why) for i, why in files.failed_tasks().items() if i != node]
+            if node != 0 and files.finished():
+                done_since = done_since or time.monotonic()
+                if time.monotonic() - done_since > NODE_DONE_GRACE_S:
+                    failed = [("node0", "the head finished while this node's ranks still ran")]
         if failed:
             for p in procs:
                 p.terminate()

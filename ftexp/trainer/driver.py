@@ -21,11 +21,13 @@ from ftexp.audit.events import ControlServerStartedEvent, EventLogger, ProcessId
 from ftexp.audit.witness import WitnessIdAllocator
 from ftexp.control.train_cells import ControlPlane
 from ftexp.engines.registry import get_engine
+from ftexp.faults.nodes import NodeFiles
 from ftexp.faults.plan import TestActionKind
 from ftexp.job import JobSpec
 from ftexp.trainer.cell_rank import CellRank
 from ftexp.trainer.checkpoint import resume_event, start_event_log
 from ftexp.trainer.group import TrainGroup
+from ftexp.trainer.nodes import CellPlacer, restore_node
 from ftexp.trainer.step import record_step_time
 from ftexp.trainer.store import LoopbackStore
 
@@ -44,6 +46,12 @@ def _group_actions(spec: JobSpec, group: TrainGroup, rollout_id: int) -> None:
         if action.action == TestActionKind.stop_cell_at_end:
             log.info("test action: stop cell %d after rollout %d", action.cell, rollout_id)
             group.stop_cell(action.cell, by="test_action")
+        elif action.action == TestActionKind.restore_node_at_end:
+            log.info("test action: restore node %d (cells %s) after rollout %d", action.node, list(action.cells),
+                     rollout_id)
+            restore_node(NodeFiles(spec.side_dir.cluster), action.node, group.events, spec.cluster.join_timeout_s)
+            for cell in action.cells:
+                group.start_cell(cell, by="test_action")
         else:
             log.info("test action: start cell %d after rollout %d", action.cell, rollout_id)
             group.start_cell(action.cell, by="test_action")
@@ -104,11 +112,20 @@ def run_ft_driver(spec: JobSpec) -> None:
     rollouts = spec.rollout_ids()
     analyzer = IncrementalAnalyzer(spec.side_dir.events)
     ranks = get_engine(spec.trainer.engine).ranks_per_replica(spec.mode)
-    start_local_ray(num_cpus=max(2, spec.num_cells * ranks))
-    store = LoopbackStore()
+    if not ray.is_initialized():  # a multi-node job's launcher has started the cluster's head here already
+        start_local_ray(num_cpus=max(2, spec.num_cells * ranks))
+    # Multi-node: the store listens on the head's Ray address (127.0.0.1 on loopback), every cell pinned to its node.
+    store = LoopbackStore(ray.util.get_node_ip_address() if spec.placement is not None else "127.0.0.1")
     store_addr = store.address
-    group = TrainGroup(spec.num_cells, ranks, lambda c, r, inc: CellRank.remote(spec, c, r, store_addr, inc), events,
-                       spec.trainer, witness)
+    placer = CellPlacer(spec.placement, events) if spec.placement is not None else None
+
+    def make_rank(c: int, r: int, inc: int):
+        options = placer.options(c, r, inc) if placer is not None else {}
+        return CellRank.options(**options).remote(spec, c, r, store_addr, inc)
+
+    group = TrainGroup(spec.num_cells, ranks, make_rank, events, spec.trainer, witness)
+    if placer is not None:
+        group.on_allocated = placer.log_placement
     plane = watchdog = None
     soak = spec.soak
     try:

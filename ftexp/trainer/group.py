@@ -44,6 +44,7 @@ class TrainGroup:
         self.cells = [Cell(i, lambda c, inc: [make_rank(c, r, inc) for r in range(ranks_per_cell)])
                       for i in range(num_cells)]
         self.health = None  # set by the control plane: paused around every reconfigure
+        self.on_allocated = None  # multi-node: called with each cell once its new actors answer (placement events)
         self.waiting_on: dict[int, str] = {}  # cell -> the call the loop is blocked on (for hang diagnosis)
 
     # ---- start-up -----------------------------------------------------------------------------
@@ -58,6 +59,8 @@ class TrainGroup:
         for cell in self.cells:
             results += cell.collect(refs[cell.index])
             cell.mark_alive(IndepDPInfo.for_cell(cell.index, len(self.cells), 0, alive))
+            if self.on_allocated is not None:
+                self.on_allocated(cell)
         return results
 
     # ---- membership ---------------------------------------------------------------------------
@@ -100,6 +103,8 @@ class TrainGroup:
         # Wait until the new actors exist, so the cross-cell rendezvous does not race actor start-up.
         for i in pending:
             self.cells[i].execute("ping")
+            if self.on_allocated is not None:
+                self.on_allocated(self.cells[i])
         t_allocated = time.monotonic()
         src = alive[0]
         dst_ranks = [will_alive.index(i) for i in pending]

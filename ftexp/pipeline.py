@@ -10,7 +10,8 @@ already there with ``ERROR`` ("stage=… started at … and has not finished"), 
 leaves nothing that claims a pass; bad input leaves ``ERROR`` with its one-line cause, SIGINT or
 SIGTERM ``INTERRUPTED`` with what was stopped and cleaned up. A config that is refused before the
 stage touches the run dir (capacity, launcher) leaves a fresh run dir as it was, and an old verdict
-marked ERROR.
+marked ERROR. A stage that trains without verifying (``stage=baseline|target``, a
+``launcher.wait=false`` submission) ends with no verdict files at all.
 """
 
 from __future__ import annotations
@@ -262,7 +263,7 @@ def _run(cfg: ExperimentConfig, run_dir: Path, files: VerdictFiles, started: flo
     if stage == Stage.run and not cfg.launcher.wait:
         files.activity = "submission"
         job_id = submit_run(cfg, run_dir)
-        files.mark(ERROR, f"training submitted as job {job_id}: no verdict until stage=collect")
+        files.clear()  # no verdict until stage=collect writes one
         print(f"submitted job {job_id} ({cfg.launcher.name.value}); run dir {run_dir}\n"
               f"collect the verdict with: python -m ftexp mode={cfg.mode.name} scenario={cfg.scenario.name} "
               f"stage=collect run_dir={run_dir}")

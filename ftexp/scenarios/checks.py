@@ -13,8 +13,6 @@ from ftexp.audit.events import (CellReconfigureEvent, FaultInjectedEvent, NodeSt
                                 WitnessAllocateIdEvent, WitnessSnapshotParamEvent, read_events)
 from ftexp.config import Engine, ExperimentConfig
 from ftexp.engines.megatron.presets import PRESETS
-from ftexp.config import Engine, ExperimentConfig
-from ftexp.engines.megatron.presets import PRESETS
 from ftexp.verify.dumps import leaf_set
 from ftexp.verify.report import CheckResult
 

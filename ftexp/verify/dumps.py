@@ -16,6 +16,12 @@ name (``[(regex, predicate), ...]``, see ``predicate``). Every tensor ends up as
 - ``skipped``         present on one side only: a failure unless ``allow_skipped_pattern`` matches;
 - ``errored``         no rule matches, shapes differ, or one side holds duplicates: a failure.
 
+Every rule must be the first match of at least one tensor, or it is a *dead rule* — a typo'd
+pattern, or one shadowed by an earlier rule — and the comparison fails naming it. A rule may name a
+model feature as a third element (``(regex, predicate, "moe")``): it is then required to match
+only when the run's model has that feature (``model_features``), so one stock list serves models
+with and without experts; on a model that has the feature a typo'd pattern is still caught.
+
 Tensors matching ``exclude_pattern`` (e.g. witness tensors) are ignored entirely. Bad rules,
 missing roots and unreadable dump files raise InputError: bad input, not a verdict.
 """
@@ -27,7 +33,7 @@ import re
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence, Union
+from typing import Any, Collection, Sequence, Union
 
 from ftexp.audit.dumps import DumpFile, list_dump_files, load_dump
 from ftexp.errors import InputError
@@ -40,17 +46,24 @@ STATUSES = ("passed", "failed", "failed-allowed", "skipped", "errored")
 _NEVER_GROUPED = ("dump_index", "filename")
 
 GroupKey = tuple[tuple[str, str], ...]
-RuleSpec = tuple[str, Union[str, Predicate]]
+# (regex, predicate) or (regex, predicate, model feature the rule is for).
+RuleSpec = Union[tuple[str, Union[str, Predicate]], tuple[str, Union[str, Predicate], str]]
+_FEATURE_RE = re.compile(r"[a-z][a-z0-9_]*")
 
 
 @dataclass(frozen=True)
 class ThresholdRule:
     pattern: re.Pattern[str]
     predicate: Predicate
+    feature: str | None = None  # required to match only on models with this feature
 
     @property
     def regex(self) -> str:
         return self.pattern.pattern
+
+    def describe(self, index: int) -> str:
+        feature = f" (for models with {self.feature})" if self.feature else ""
+        return f"threshold rule #{index} {self.regex!r} -> {self.predicate.text!r}{feature}"
 
 
 def compile_pattern(regex: str, what: str) -> re.Pattern[str]:
@@ -61,16 +74,24 @@ def compile_pattern(regex: str, what: str) -> re.Pattern[str]:
 
 
 def parse_rules(rules: Sequence[RuleSpec]) -> list[ThresholdRule]:
-    """Compile every (regex, predicate) pair up front, so a bad rule fails before any file is read."""
+    """Compile every (regex, predicate[, feature]) rule up front, so a bad rule fails before any file is read."""
     parsed = []
     for i, rule in enumerate(rules):
-        if not (isinstance(rule, (tuple, list)) and len(rule) == 2):
-            raise InputError(f"threshold rule #{i} must be a (regex, predicate) pair, got {rule!r}")
-        regex, predicate = rule
+        if not (isinstance(rule, (tuple, list)) and len(rule) in (2, 3)):
+            raise InputError(f"threshold rule #{i} must be a (regex, predicate) pair or a (regex, predicate, "
+                             f"model feature) triple, got {rule!r}")
+        regex, predicate, feature = (*rule, None) if len(rule) == 2 else rule
+        if feature is not None and not (isinstance(feature, str) and _FEATURE_RE.fullmatch(feature)):
+            raise InputError(f"threshold rule #{i}: model feature must be a lowercase name such as 'moe', got {feature!r}")
         if not isinstance(predicate, Predicate):
             predicate = parse_predicate(predicate)
-        parsed.append(ThresholdRule(compile_pattern(regex, f"threshold rule #{i}"), predicate))
+        parsed.append(ThresholdRule(compile_pattern(regex, f"threshold rule #{i}"), predicate, feature))
     return parsed
+
+
+def first_rule(rules: Sequence[ThresholdRule], name: str) -> int | None:
+    """Index of the rule that judges ``name``: the first whose regex fully matches it."""
+    return next((i for i, r in enumerate(rules) if r.pattern.fullmatch(name)), None)
 
 
 @dataclass
@@ -83,6 +104,7 @@ class DumpRecord:
     rel: float | None = None
     max_abs: float | None = None
     mean_abs: float | None = None
+    norm_ratio: float | None = None
     rule: str | None = None  # regex of the rule that judged it
     predicate: str | None = None
     message: str = ""
@@ -93,7 +115,7 @@ class DumpRecord:
         if self.rel is None:
             return f"{head}: {self.message}"
         return (f"{head}: rel={self.rel:.6g} max_abs={self.max_abs:.6g} mean_abs={self.mean_abs:.6g} "
-                f"against rule {self.rule!r} -> {self.predicate!r}")
+                f"norm_ratio={self.norm_ratio:.6g} against rule {self.rule!r} -> {self.predicate!r}")
 
 
 @dataclass
@@ -103,6 +125,8 @@ class DumpComparison:
     leaves: list[str]  # leaves present on both sides, i.e. compared
     records: list[DumpRecord] = field(default_factory=list)
     issues: list[str] = field(default_factory=list)
+    # Per threshold rule: how many tensors it was the first match of, and whether that is fine.
+    rules: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -113,10 +137,11 @@ class DumpComparison:
         counted = Counter(r.status for r in self.records)
         return {status: counted[status] for status in STATUSES}
 
-    def worst(self, n: int) -> list[DumpRecord]:
-        """The ``n`` compared records with the highest rel; NaN ranks worst of all."""
-        measured = [r for r in self.records if r.rel is not None]
-        return sorted(measured, key=lambda r: math.inf if math.isnan(r.rel) else r.rel, reverse=True)[:n]
+    def worst(self, n: int, by: str = "rel") -> list[DumpRecord]:
+        """The ``n`` compared records with the highest ``by`` (rel or norm_ratio); NaN ranks worst of all."""
+        measured = [r for r in self.records if getattr(r, by) is not None]
+        return sorted(measured, key=lambda r: math.inf if math.isnan(getattr(r, by)) else getattr(r, by),
+                      reverse=True)[:n]
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for JSON; rel/max_abs/mean_abs may be NaN (``report.json_safe`` encodes it)."""
@@ -127,6 +152,7 @@ class DumpComparison:
             "leaves": self.leaves,
             "counts": self.counts,
             "issues": self.issues,
+            "rules": self.rules,
             "records": [asdict(r) for r in self.records],
         }
 
@@ -134,12 +160,16 @@ class DumpComparison:
         """A report check: summary counts, the worst tensors and every record that did not pass."""
         counts = ", ".join(f"{v} {k}" for k, v in self.counts.items() if v)
         summary = f"{len(self.leaves)} leaves, {counts or 'no tensors'}; {len(self.issues)} issues"
+        if self.issues:
+            summary += f"; first: {self.issues[0]}"
         details = {
             "kind": "dumps",
             "leaves": self.leaves,
             "counts": self.counts,
             "issues": self.issues,
+            "rules": self.rules,
             "worst": [asdict(r) for r in self.worst(worst_n)],
+            "worst_norm_ratio": [asdict(r) for r in self.worst(worst_n, by="norm_ratio")],
             "not_passed": [asdict(r) for r in self.records if r.status != "passed"],
         }
         return CheckResult(name, self.passed, summary, details)
@@ -151,7 +181,8 @@ def leaf_set(root: str | Path) -> list[str]:
     return sorted({p.parent.relative_to(root).as_posix() for p in root.rglob("*.pt") if p.is_file()})
 
 
-def _group(leaf_dir: Path, skip: frozenset[str], exclude: re.Pattern[str] | None) -> dict[GroupKey, list[DumpFile]]:
+def group_leaf(leaf_dir: Path, skip: frozenset[str], exclude: re.Pattern[str] | None) -> dict[GroupKey, list[DumpFile]]:
+    """The dump files of one leaf by grouping key (every file-name field but those in ``skip``)."""
     try:
         files = list_dump_files(leaf_dir)
     except ValueError as e:  # a foreign .pt with a malformed name
@@ -165,7 +196,8 @@ def _group(leaf_dir: Path, skip: frozenset[str], exclude: re.Pattern[str] | None
     return groups
 
 
-def _load(f: DumpFile):
+def load_tensor(f: DumpFile):
+    """One dump's tensor; a corrupt file is bad input (InputError)."""
     try:
         return load_dump(f.path)
     except ValueError as e:
@@ -187,8 +219,8 @@ class _LeafComparer:
         return pattern is not None and pattern.fullmatch(name) is not None
 
     def compare(self, leaf: str, baseline_dir: Path, target_dir: Path) -> list[DumpRecord]:
-        baseline = _group(baseline_dir, self.skip, self.exclude)
-        target = _group(target_dir, self.skip, self.exclude)
+        baseline = group_leaf(baseline_dir, self.skip, self.exclude)
+        target = group_leaf(target_dir, self.skip, self.exclude)
         return [self._record(leaf, key, baseline.get(key, []), target.get(key, []))
                 for key in sorted(baseline.keys() | target.keys())]
 
@@ -208,16 +240,17 @@ class _LeafComparer:
             if self._allowed(self.allow_skipped, name):
                 return record("skipped", False, f"only in {side} (allowed by allow_skipped_pattern)")
             return record("skipped", True, f"only in {side}")
-        rule = next((r for r in self.rules if r.pattern.fullmatch(name)), None)
+        index = first_rule(self.rules, name)
+        rule = self.rules[index] if index is not None else None
         if rule is None:
             return record("errored", True, f"no threshold rule matches {name!r}; add a catch-all '.*'")
         judged_by = {"rule": rule.regex, "predicate": rule.predicate.text}
         try:
-            diff = tensor_diff(_load(b_files[0]), _load(t_files[0]))
+            diff = tensor_diff(load_tensor(b_files[0]), load_tensor(t_files[0]))
         except ValueError as e:  # shape mismatch
             return record("errored", True, str(e), **judged_by)
-        numbers = {"rel": diff.rel, "max_abs": diff.max_abs, "mean_abs": diff.mean_abs}
-        if rule.predicate.evaluate(diff.rel, diff.max_abs, diff.mean_abs):
+        numbers = diff.as_dict()
+        if rule.predicate.evaluate(**numbers):
             return record("passed", False, **numbers, **judged_by)
         if self._allowed(self.allow_failed, name):
             return record("failed-allowed", False, "allowed by allow_failed_pattern", **numbers, **judged_by)
@@ -234,8 +267,13 @@ def compare_dumps(
     allow_skipped_pattern: str | None = None,
     allow_failed_pattern: str | None = None,
     grouping_skip_keys: Sequence[str] = ("rank", "dp", "edp"),
+    model_features: Collection[str] = (),
 ) -> DumpComparison:
-    """Compare every tensor of ``<baseline_root>/<phase_subdir>`` with its twin under the target root."""
+    """Compare every tensor of ``<baseline_root>/<phase_subdir>`` with its twin under the target root.
+
+    ``model_features`` names what the run's model has (e.g. ``{"moe", "qk_norm"}``): a rule tagged
+    with a feature the model lacks may match nothing; every other rule must judge some tensor.
+    """
     parsed_rules = parse_rules(rules)
     if "rank" not in grouping_skip_keys:
         # The two runs write from different global ranks; grouping on rank would match nothing.
@@ -264,4 +302,24 @@ def compare_dumps(
         records = comparer.compare(leaf, roots["baseline"] / leaf, roots["target"] / leaf)
         result.records += records
         result.issues += [r.describe() for r in records if r.failure]
+    result.rules = _rule_usage(parsed_rules, result.records, frozenset(model_features))
+    if result.records:  # with no tensors at all, that is the issue (reported above), not the rules
+        result.issues += [f"{u['rule']} is the first match of no tensor: a dead rule (a typo'd pattern, "
+                          f"or one shadowed by an earlier rule)" for u in result.rules if u["status"] == "dead"]
     return result
+
+
+def _rule_usage(rules: list[ThresholdRule], records: list[DumpRecord], features: frozenset[str]) -> list[dict[str, Any]]:
+    """Per rule: the tensors (records, any status) it is the first match of, and live / dead / not applicable."""
+    hits = Counter(first_rule(rules, r.name) for r in records)
+    usage = []
+    for i, rule in enumerate(rules):
+        if hits[i]:
+            status = "live"
+        elif rule.feature is not None and rule.feature not in features:
+            status = "not applicable"  # e.g. an expert rule on a dense model
+        else:
+            status = "dead"
+        usage.append({"index": i, "rule": rule.describe(i), "regex": rule.regex, "predicate": rule.predicate.text,
+                      "feature": rule.feature, "first_match_of": hits[i], "status": status})
+    return usage

@@ -1,10 +1,12 @@
 """Threshold predicates: the tiny language that decides whether one tensor diff is acceptable.
 
-A predicate is a boolean expression over exactly three numbers measured per tensor pair (see
-``tensor_diff``): ``rel``, ``max_abs`` and ``mean_abs``. Examples::
+A predicate is a boolean expression over exactly four numbers measured per tensor pair (see
+``tensor_diff``): ``rel`` (direction), ``max_abs`` and ``mean_abs`` (absolute size of the
+difference) and ``norm_ratio`` (scale: |‖t‖/‖b‖ − 1|). Examples::
 
     rel <= 0.0085
-    rel <= 0.0085 or max_abs <= 1e-3
+    rel <= 0.0085 and norm_ratio <= 0.01
+    (rel <= 0.0085 and norm_ratio <= 0.01) or max_abs <= 1e-3
     not (mean_abs > 1e-6) and rel < .5
     0.0085                      # a bare number x is shorthand for ``rel <= x``
 
@@ -15,7 +17,7 @@ Grammar (``or`` binds loosest, ``not`` tightest, parentheses group)::
     not_expr   := 'not' not_expr | atom
     atom       := '(' or_expr ')' | comparison
     comparison := operand CMP operand           CMP in  <=  <  >=  >  ==  !=
-    operand    := 'rel' | 'max_abs' | 'mean_abs' | NUMBER
+    operand    := 'rel' | 'max_abs' | 'mean_abs' | 'norm_ratio' | NUMBER
 
 The text is tokenized and parsed by hand and never handed to ``eval``: threshold rules come from
 config files and command lines, and an expression language with builtins would let them run code.
@@ -35,7 +37,7 @@ from typing import Callable, Union
 
 from ftexp.errors import InputError
 
-NAMES = ("rel", "max_abs", "mean_abs")
+NAMES = ("rel", "max_abs", "mean_abs", "norm_ratio")
 _KEYWORDS = ("and", "or", "not")
 _COMPARATORS: dict[str, Callable[[float, float], bool]] = {
     "<=": operator.le,
@@ -143,8 +145,9 @@ class Predicate:
     text: str
     tree: Node
 
-    def evaluate(self, rel: float, max_abs: float, mean_abs: float) -> bool:
-        return self.tree.evaluate({"rel": float(rel), "max_abs": float(max_abs), "mean_abs": float(mean_abs)})
+    def evaluate(self, rel: float, max_abs: float, mean_abs: float, norm_ratio: float) -> bool:
+        return self.tree.evaluate({"rel": float(rel), "max_abs": float(max_abs), "mean_abs": float(mean_abs),
+                                   "norm_ratio": float(norm_ratio)})
 
     def __str__(self) -> str:
         return self.text

@@ -148,6 +148,73 @@ def test_corrupt_dump_is_bad_input(runs, tmp_path):
     assert result.returncode == 2 and "corrupt" in result.stderr
 
 
+def _failed_checks(run_dir: Path) -> dict[str, dict]:
+    return {c["name"]: c for c in _report(run_dir)["checks"] if not c["passed"]}
+
+
+def _check_names(run_dir: Path) -> list[str]:
+    return [c["name"] for c in _report(run_dir)["checks"]]
+
+
+def test_scale_error_fails_the_seed_rules_naming_tensor_and_rule(runs, tmp_path):
+    """One gradient 3% too small: rel ~4.6e-4 passes rel <= 0.0085; the stock norm_ratio bound (0.015)
+    catches it without the CPU-only fp32 rules, i.e. with what a bf16 GPU run would have."""
+    run_dir = _copy_of(runs, ("with_failure", "dp2"), tmp_path)
+    path = _target_grad(run_dir, "phase_b")
+    dump = torch.load(path, weights_only=True)
+    dump["value"] = dump["value"] * 0.97
+    torch.save(dump, path)
+    result = run_ftexp("mode=dp2", "scenario=with_failure", "stage=compare", f"run_dir={run_dir}",
+                       "threshold.fp32_dumps=[]", cwd=tmp_path)
+    assert result.returncode == 1
+    failed = _failed_checks(run_dir)
+    assert "phase_b/dumps" in failed and not any(name.startswith("phase_b/metrics") for name in failed)
+    assert not any("fp32" in name for name in _check_names(run_dir))  # the CPU-only rules were off
+    [record] = failed["phase_b/dumps"]["details"]["not_passed"]
+    assert (record["name"], record["leaf"], record["rule"]) == ("grad__layers.0.mlp.fc1.weight", "fwd_bwd/rollout_1", ".*")
+    assert record["rel"] < 0.0085 and abs(record["norm_ratio"] - 0.03) < 1e-6
+    summary = failed["phase_b/dumps"]["summary"]
+    assert "grad__layers.0.mlp.fc1.weight" in summary and "norm_ratio <= 0.015" in summary
+
+
+def test_tensor_inventory_names_a_tensor_renamed_in_the_target_or_lost_from_both_sides(runs, tmp_path):
+    run_dir = _copy_of(runs, ("no_failure", "dp2"), tmp_path)
+    path = _target_grad(run_dir)
+    renamed = path.with_name(path.name.replace("mlp.fc1.weight", "mlp.fc1.weight_v2"))
+    path.rename(renamed)
+    assert _compare(run_dir, "no_failure", "dp2").returncode == 1
+    inventory = _check(_report(run_dir), "tensor_inventory")
+    assert not inventory["passed"]
+    assert inventory["summary"].endswith("first: fwd_bwd/rollout_1: grad__layers.0.mlp.fc1.weight "
+                                         "[cp=0, ep=0, pp=0, step=0, tp=0] in baseline, missing in target")
+    assert "grad__layers.0.mlp.fc1.weight_v2 [cp=0, ep=0, pp=0, step=0, tp=0] in target, missing in baseline" in \
+        json.dumps(inventory["details"]["issues"])
+
+    # Lost from both sides of one rollout: nothing left for the value comparison to notice.
+    renamed.unlink()
+    next((run_dir / "baseline" / "dumps" / "fwd_bwd" / "rollout_1").glob("*name=grad__layers.0.mlp.fc1.weight___*.pt")).unlink()
+    assert _compare(run_dir, "no_failure", "dp2").returncode == 1
+    failed = _failed_checks(run_dir)
+    assert "tensor_inventory" in failed and "dumps" not in failed  # the group's value comparison sees nothing
+    assert failed["tensor_inventory"]["summary"].endswith(
+        "first: baseline: grad__layers.0.mlp.fc1.weight [cp=0, ep=0, pp=0, step=0, tp=0] in fwd_bwd/rollout_0, "
+        "missing in fwd_bwd/rollout_1")
+
+
+def test_dead_threshold_rule_is_flagged(runs, tmp_path):
+    """A typo'd pattern judges nothing; the dumps check fails naming the rule although every tensor passed."""
+    run_dir = _copy_of(runs, ("no_failure", "dp2"), tmp_path)
+    result = run_ftexp("mode=dp2", "scenario=no_failure", "stage=compare", f"run_dir={run_dir}",
+                       "threshold.dumps=[['grad__.*[.]atn[.].*','rel <= 0'],['.*','rel <= 0.0085 and norm_ratio <= 0.015']]",
+                       cwd=tmp_path)
+    assert result.returncode == 1
+    failed = _failed_checks(run_dir)
+    assert "dumps" in failed and "tensor_inventory" not in failed
+    assert failed["dumps"]["details"]["counts"]["passed"] == 116
+    [issue] = failed["dumps"]["details"]["issues"]
+    assert issue.startswith("threshold rule #0 'grad__.*[.]atn[.].*' -> 'rel <= 0' is the first match of no tensor")
+
+
 def test_removed_heal_event_fails(runs, tmp_path):
     run_dir = _copy_of(runs, ("with_failure", "dp2"), tmp_path)
     main_log = run_dir / "target" / "phase_b" / "events" / "main.jsonl"

@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -268,3 +269,95 @@ def test_to_dict_and_check(sides):
     assert (check.name, check.passed) == ("dumps/phase", False)
     assert [r["name"] for r in check.details["worst"]][0] == "grad__w"
     assert len(check.details["worst"]) == 2 and len(check.details["not_passed"]) == 1
+
+
+# --- norm_ratio and dead rules -----------------------------------------------------------------
+
+
+def test_scale_error_fails_the_norm_rule_that_rel_passes(sides):
+    base, target, tensors = sides
+    overwrite(target, "fwd_bwd/rollout_1", "grad__w", tensors["grad__w"] * 0.97, dump_index=1)
+    assert compare_dumps(base, target, RULES).passed  # rel ~4.6e-4: direction unchanged
+    result = compare_dumps(base, target, [(".*", "rel <= 0.0085 and norm_ratio <= 0.015")])
+    record = by_name(result, "grad__w")
+    assert record.status == "failed" and record.norm_ratio == pytest.approx(0.03, rel=1e-5)
+    assert record.rel == pytest.approx(0.0009 / 1.9409, rel=1e-3)
+    [issue] = result.issues
+    assert "grad__w" in issue and "norm_ratio=0.03" in issue and "norm_ratio <= 0.015" in issue
+    check = result.to_check("dumps")
+    assert check.details["worst_norm_ratio"][0]["name"] == "grad__w"
+    assert "grad__w" in check.summary  # the first issue is in the one-line summary
+
+
+def usage(result):
+    return [(u["regex"], u["first_match_of"], u["status"]) for u in result.rules]
+
+
+def test_every_rule_must_be_the_first_match_of_some_tensor(sides):
+    base, target, _ = sides
+    result = compare_dumps(base, target, [("grad__.*", "rel <= 0.0085"), (".*", "rel <= 0.0085")])
+    assert result.passed, result.issues
+    assert usage(result) == [("grad__.*", 4, "live"), (".*", 2, "live")]  # 2 leaves x (2 grads, 1 weight)
+    # A typo'd pattern matches nothing: the comparison fails naming the rule, although every tensor passed.
+    typo = compare_dumps(base, target, [("grad__.*[.]atn[.].*", "rel <= 0.0085"), (".*", "rel <= 0.0085")])
+    assert typo.counts["passed"] == 6 and not typo.passed
+    [issue] = typo.issues
+    assert issue.startswith("threshold rule #0 'grad__.*[.]atn[.].*' -> 'rel <= 0.0085'") and "dead rule" in issue
+    assert usage(typo)[0] == ("grad__.*[.]atn[.].*", 0, "dead")
+    assert "dead rule" in typo.to_check("dumps").summary
+
+
+def test_a_rule_shadowed_by_an_earlier_one_is_dead(sides):
+    base, target, _ = sides
+    # The catch-all matches everything; "matches" means "is the first rule to match".
+    result = compare_dumps(base, target, [(".*", "rel <= 0.0085"), ("grad__.*", "rel <= 0.0085 or max_abs <= 1e-3")])
+    assert usage(result) == [(".*", 6, "live"), ("grad__.*", 0, "dead")]
+    assert not result.passed and "#1 'grad__.*'" in result.issues[0]
+
+
+def test_a_rule_for_a_model_feature_is_required_only_on_models_with_it(sides):
+    base, target, _ = sides
+    rules = [(r"grad__.*\.mlp\.experts\..*", "rel <= 0.0085 or max_abs <= 1e-3", "moe"), (".*", "rel <= 0.0085")]
+    dense = compare_dumps(base, target, rules)  # no features: the expert rule cannot apply
+    assert dense.passed, dense.issues
+    assert usage(dense)[0] == (r"grad__.*\.mlp\.experts\..*", 0, "not applicable")
+    assert dense.rules[0]["feature"] == "moe"
+    moe = compare_dumps(base, target, rules, model_features={"moe", "qk_norm"})
+    assert not moe.passed
+    assert "'grad__.*\\\\.mlp\\\\.experts\\\\..*'" in moe.issues[0] and "(for models with moe)" in moe.issues[0]
+
+
+def test_feature_rules_match_on_models_that_have_the_feature(tmp_path):
+    tensors = {"grad__decoder.layers.0.mlp.experts.local_experts.1.linear_fc1.weight": randn(8, 4, seed=1),
+               "grad__decoder.layers.0.self_attention.q_layernorm.weight": randn(4, seed=2) * 1e-4,
+               "grad__decoder.layers.0.mlp.router.weight": randn(4, 8, seed=3)}
+    base = write_tree(tmp_path / "b", {"fwd_bwd/rollout_0": tensors})
+    # A near-zero QK-norm grad 50% off: only the max_abs floor (the 'or' branch) lets it pass.
+    noisy = dict(tensors)
+    noisy["grad__decoder.layers.0.self_attention.q_layernorm.weight"] = tensors[
+        "grad__decoder.layers.0.self_attention.q_layernorm.weight"] * 1.5
+    target = write_tree(tmp_path / "t", {"fwd_bwd/rollout_0": noisy}, rank=1, dp=1)
+    rules = [(r"grad__.*\.mlp\.experts\..*", "(rel <= 0.0085 and norm_ratio <= 0.015) or max_abs <= 1e-3", "moe"),
+             (r"grad__.*\.[qk]_layernorm\..*", "(rel <= 0.0085 and norm_ratio <= 0.015) or max_abs <= 1e-3", "qk_norm"),
+             (".*", "rel <= 0.0085 and norm_ratio <= 0.015")]
+    result = compare_dumps(base, target, rules, model_features={"moe", "qk_norm"})
+    assert result.passed, result.issues
+    assert [u["status"] for u in result.rules] == ["live", "live", "live"]
+    q = by_name(result, "grad__decoder.layers.0.self_attention.q_layernorm.weight", leaf="fwd_bwd/rollout_0")
+    assert q.status == "passed" and q.norm_ratio == pytest.approx(0.5) and q.rule == r"grad__.*\.[qk]_layernorm\..*"
+
+
+def test_no_dead_rule_issue_without_tensors(tmp_path):
+    (tmp_path / "b").mkdir(), (tmp_path / "t").mkdir()
+    result = compare_dumps(tmp_path / "b", tmp_path / "t", [("grad__.*", "rel <= 0"), (".*", "rel <= 0")])
+    assert len(result.issues) == 1 and "no dumps" in result.issues[0]
+
+
+@pytest.mark.parametrize("rule, message", [
+    (("x", "rel <= 1", "Bad Feature"), "model feature must be a lowercase name"),
+    (("x", "rel <= 1", 3), "model feature"),
+    (("x", "rel <= 1", "moe", "extra"), "pair or a (regex, predicate, model feature) triple"),
+])
+def test_bad_rule_features_are_input_errors(tmp_path, rule, message):
+    with pytest.raises(InputError, match=re.escape(message)):
+        compare_dumps(tmp_path, tmp_path, [rule])

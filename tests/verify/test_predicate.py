@@ -11,8 +11,8 @@ from ftexp.verify.predicate import And, Comparison, Name, Not, Number, Or, Predi
 NAN = math.nan
 
 
-def ev(text, rel=0.0, max_abs=0.0, mean_abs=0.0):
-    return parse_predicate(text).evaluate(rel, max_abs, mean_abs)
+def ev(text, rel=0.0, max_abs=0.0, mean_abs=0.0, norm_ratio=0.0):
+    return parse_predicate(text).evaluate(rel, max_abs, mean_abs, norm_ratio)
 
 
 def test_precedence_or_binds_looser_than_and():
@@ -22,7 +22,7 @@ def test_precedence_or_binds_looser_than_and():
         And((Comparison("<=", Name("max_abs"), Number(1e-3)), Comparison("<", Name("mean_abs"), Number(1.0)))),
     ))
     # Behaviourally: with or-first grouping this would be (True) and (5 < 1) = False.
-    assert p.evaluate(rel=0.0, max_abs=1.0, mean_abs=5.0) is True
+    assert p.evaluate(rel=0.0, max_abs=1.0, mean_abs=5.0, norm_ratio=0.0) is True
 
 
 def test_parentheses_override_precedence():
@@ -102,6 +102,8 @@ def test_text_is_kept():
     ("1 2", "position 2"),
     ("rel <= 0.1; rel", "unexpected character ';'"),
     ("rel <= 0.1\nor x > 1", "unknown name 'x'"),
+    ("norm_ration <= 0.015", "unknown name 'norm_ration' (allowed: rel, max_abs, mean_abs, norm_ratio)"),
+    ("norm_ratio", "comparison operator"),
     ("__import__('os').system('x')", "unknown name '__import__'"),
     ("rel.__class__", "unexpected character '.'"),
     ("[rel for rel in ()]", "unexpected character '['"),
@@ -141,9 +143,9 @@ def test_never_evals(monkeypatch):
 
 
 @pytest.mark.parametrize("op", ["<=", "<", ">=", ">", "=="])
-@pytest.mark.parametrize("which", ["rel", "max_abs", "mean_abs"])
+@pytest.mark.parametrize("which", ["rel", "max_abs", "mean_abs", "norm_ratio"])
 def test_nan_makes_comparisons_false(op, which):
-    values = {"rel": 0.0, "max_abs": 0.0, "mean_abs": 0.0, which: NAN}
+    values = {"rel": 0.0, "max_abs": 0.0, "mean_abs": 0.0, "norm_ratio": 0.0, which: NAN}
     assert parse_predicate(f"{which} {op} 1").evaluate(**values) is False
     assert parse_predicate(f"1 {op} {which}").evaluate(**values) is False
 
@@ -154,3 +156,34 @@ def test_nan_not_equal_is_true_and_not_inverts():
     assert ev("rel <= 0.0085 or max_abs <= 1e-3", rel=NAN, max_abs=NAN) is False
     # The documented pitfall: 'not' turns the false comparison into a pass.
     assert ev("not rel > 0.0085", rel=NAN) is True
+
+
+# The stock rule for expert and QK-norm grads (conf/threshold/with_failure.yaml).
+STOCK_FLOOR = "(rel <= 0.0085 and norm_ratio <= 0.015) or max_abs <= 1e-3"
+
+
+def test_norm_ratio_is_an_operand():
+    p = parse_predicate("rel <= 0.0085 and norm_ratio <= 0.015")
+    assert p.tree == And((Comparison("<=", Name("rel"), Number(0.0085)),
+                          Comparison("<=", Name("norm_ratio"), Number(0.015))))
+    assert ev(p.text, rel=4.6e-4, norm_ratio=0.03) is False  # a 3% scale error: rel alone would pass it
+    assert ev(p.text, rel=4.6e-4, norm_ratio=0.01) is True
+    assert ev("norm_ratio > rel", rel=1e-4, norm_ratio=1e-2) is True
+
+
+@pytest.mark.parametrize("rel, norm_ratio, max_abs, expected", [
+    (1e-11, 1e-7, 0.5, True),     # fp32 noise: the first branch holds
+    (4.6e-4, 0.03, 0.5, False),   # a 3% scale error on a real gradient: both branches fail
+    (4.6e-4, 0.03, 1e-4, True),   # ... on a near-zero gradient: the max_abs floor (the or branch) passes it
+    (0.5, 0.0, 1e-4, True),       # a noisy near-zero gradient: the floor
+    (0.5, 0.0, 2e-3, False),
+    (1.0, math.inf, 1e-9, True),  # zero baseline, a speck in the target: the floor
+    (1.0, math.inf, 1.0, False),
+])
+def test_the_stock_or_rule_takes_both_branches(rel, norm_ratio, max_abs, expected):
+    assert ev(STOCK_FLOOR, rel=rel, norm_ratio=norm_ratio, max_abs=max_abs) is expected
+
+
+def test_infinite_norm_ratio_fails_at_most_thresholds():
+    assert ev("norm_ratio <= 1e300", norm_ratio=math.inf) is False
+    assert ev("norm_ratio > 1", norm_ratio=math.inf) is True

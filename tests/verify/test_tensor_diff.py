@@ -1,4 +1,4 @@
-"""rel / max_abs / mean_abs of a tensor pair."""
+"""rel / max_abs / mean_abs / norm_ratio of a tensor pair."""
 
 import math
 
@@ -6,6 +6,8 @@ import pytest
 import torch
 
 from ftexp.verify.tensor_diff import TensorDiff, tensor_diff
+
+ZERO = TensorDiff(0.0, 0.0, 0.0, 0.0)
 
 
 @pytest.fixture
@@ -16,7 +18,7 @@ def x():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64, torch.float16, torch.int64])
 def test_identical_is_exactly_zero(x, dtype):
     t = (x * 100).to(dtype)
-    assert tensor_diff(t, t.clone()) == TensorDiff(0.0, 0.0, 0.0)
+    assert tensor_diff(t, t.clone()) == ZERO
 
 
 def test_huge_identical_values_still_zero():
@@ -59,7 +61,7 @@ def test_abs_numbers_on_a_small_example():
 
 
 def test_baseline_with_extra_leading_ones_is_squeezed(x):
-    assert tensor_diff(x.reshape(1, 1, 64, 33), x.clone()) == TensorDiff(0.0, 0.0, 0.0)
+    assert tensor_diff(x.reshape(1, 1, 64, 33), x.clone()) == ZERO
     assert tensor_diff(x.reshape(1, 64, 33), x * 2).rel > 0
 
 
@@ -71,21 +73,51 @@ def test_other_shape_mismatches_raise(b_shape, t_shape):
 
 
 def test_empty_and_all_zero():
-    assert tensor_diff(torch.zeros(0, 3), torch.zeros(0, 3)) == TensorDiff(0.0, 0.0, 0.0)
-    assert tensor_diff(torch.zeros(5), -torch.zeros(5)) == TensorDiff(0.0, 0.0, 0.0)
-    assert tensor_diff(torch.zeros(4), torch.ones(4)) == TensorDiff(1.0, 1.0, 1.0)
+    assert tensor_diff(torch.zeros(0, 3), torch.zeros(0, 3)) == ZERO
+    assert tensor_diff(torch.zeros(5), -torch.zeros(5)) == ZERO
+    # A zero baseline against a nonzero target: infinitely off in scale (fails every '<=').
+    assert tensor_diff(torch.zeros(4), torch.ones(4)) == TensorDiff(1.0, 1.0, 1.0, math.inf)
+    assert tensor_diff(torch.ones(4), torch.zeros(4)).norm_ratio == 1.0
 
 
 def test_non_finite_values():
     nan_vec = torch.tensor([math.nan, 1.0])
-    assert tensor_diff(nan_vec, nan_vec.clone()) == TensorDiff(0.0, 0.0, 0.0)  # bitwise equal
+    assert tensor_diff(nan_vec, nan_vec.clone()) == ZERO  # bitwise equal
     for b, t in [(nan_vec, torch.tensor([math.nan, 2.0])),
                  (torch.tensor([1.0, 2.0]), torch.tensor([1.0, math.inf])),
                  (torch.tensor([math.inf]), torch.tensor([-math.inf]))]:
         d = tensor_diff(b, t)
-        assert math.isnan(d.rel) and math.isnan(d.max_abs) and math.isnan(d.mean_abs)
+        assert all(math.isnan(v) for v in d.as_dict().values())
 
 
 def test_different_dtypes_are_compared_by_value(x):
-    assert tensor_diff(x, x.double()) == TensorDiff(0.0, 0.0, 0.0)
+    assert tensor_diff(x, x.double()) == ZERO
     assert tensor_diff(x, x.bfloat16()).rel > 0
+
+
+@pytest.mark.parametrize("scale", [0.5, 0.97, 0.98, 0.99, 1.02, 1.03])
+def test_norm_ratio_sees_the_scale_rel_barely_sees(x, scale):
+    d = tensor_diff(x, scale * x)
+    assert d.norm_ratio == pytest.approx(abs(scale - 1), rel=1e-6)
+    assert d.rel == pytest.approx((1 - scale) ** 2 / (1 + scale**2), rel=1e-4)
+    if scale != 0.5:
+        # A few percent: far inside the seed's rel <= 0.0085, far outside norm_ratio <= 0.015.
+        assert d.rel < 0.001 and d.norm_ratio >= 0.0099
+
+
+def test_norm_ratio_of_uncorrelated_noise_is_second_order():
+    """Noise of relative size eps moves the norm by ~eps^2/2 + eps/sqrt(n): rel and norm_ratio agree."""
+    b = torch.randn(100_000, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    noise = torch.randn(100_000, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    d = tensor_diff(b, b + 0.1 * noise)  # eps = 0.1
+    assert d.rel == pytest.approx(0.01 / 2.01, rel=0.05)
+    assert d.norm_ratio < 0.005 + 3 * 0.1 / math.sqrt(100_000)
+
+
+def test_norm_ratio_is_symmetric_enough_and_exact_for_one_ulp(x):
+    y = x.clone()
+    y[0, 0] = torch.nextafter(y[0, 0], torch.tensor(math.inf))
+    d = tensor_diff(x, y)
+    assert 0 < d.norm_ratio < 1e-7
+    assert tensor_diff(x, 2 * x).norm_ratio == pytest.approx(1.0)
+    assert tensor_diff(2 * x, x).norm_ratio == pytest.approx(0.5)

@@ -1,8 +1,9 @@
 """Verification: prove that the target run matches the baseline, tensor by tensor and metric by metric.
 
-- ``predicate``    the threshold language (``rel <= 0.0085 or max_abs <= 1e-3``), parsed, never eval'd
-- ``tensor_diff``  rel / max_abs / mean_abs of one tensor pair
-- ``dumps``        compare two dump trees leaf by leaf under ordered (regex, predicate) rules
+- ``predicate``    the threshold language (``rel <= 0.0085 and norm_ratio <= 0.015``), parsed, never eval'd
+- ``tensor_diff``  rel / max_abs / mean_abs / norm_ratio of one tensor pair
+- ``dumps``        compare two dump trees leaf by leaf under ordered (regex, predicate) rules; dead rules fail
+- ``inventory``    which tensors exist: names, shapes, dtypes on both sides and in every rollout
 - ``metrics``      compare the final-attempt metrics of two event logs within rtol/atol
 - ``reconfigure``  assert the exact sequence of cell reconfigurations
 - ``report``       the verdict (checks) and report.json / report.md / curves

@@ -16,7 +16,7 @@ reads each event once; the verifier runs the batch rules (``analyze``) again on 
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Iterable, TypeVar
 
@@ -65,6 +65,13 @@ def _differing_keys(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     return sorted(k for k in a.keys() | b.keys() if a.get(k, "<missing>") != b.get(k, "<missing>"))
 
 
+def _describe_difference(differing: list[str]) -> str:
+    """How many entries differ, per part of the state (param_hashes, optimizer_hashes, rng_hashes), and a few."""
+    parts = Counter(k.split(".", 1)[0] for k in differing)
+    return (f"{len(differing)} entries ({', '.join(f'{part} {n}' for part, n in sorted(parts.items()))}), "
+            f"e.g. {differing[:3]}")
+
+
 def cross_replica_weight_checksum(events: Iterable[Any]) -> list[AnalyzerIssue]:
     groups: dict[tuple[int, int, int], list[TrainEngineLocalWeightChecksumEvent]] = defaultdict(list)
     for e in events:
@@ -82,7 +89,7 @@ def cross_replica_weight_checksum(events: Iterable[Any]) -> list[AnalyzerIssue]:
                 issues.append(AnalyzerIssue(
                     "cross_replica_weight_checksum", rollout_id,
                     f"attempt {attempt}: {ref.source.process_name} and {other.source.process_name} differ in "
-                    f"{len(differing)} entries, e.g. {differing[:3]}"))
+                    f"{_describe_difference(differing)}"))
     return issues
 
 
@@ -238,7 +245,7 @@ class IncrementalAnalyzer:
             return []
         return [AnalyzerIssue("cross_replica_weight_checksum", e.rollout_id,
                               f"attempt {e.attempt}: {ref[0]} and {e.source.process_name} differ in "
-                              f"{len(differing)} entries, e.g. {differing[:3]}")]
+                              f"{_describe_difference(differing)}")]
 
     def _commit(self, step: TrainGroupStepEndEvent) -> list[AnalyzerIssue]:
         r = step.rollout_id

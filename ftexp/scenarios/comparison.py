@@ -6,6 +6,9 @@ exact list of reconfigure events on each side. What the event log must hold is d
 the plan against the group's rules — a crash shrinks the quorum at its rollout, a cell stopped
 and started after rollout k is healed at k+1 from the lowest-index cell still alive — so a plan
 that hits cell 0, a middle cell or the last cell each names its own shrinks, sources and heals.
+The same play says which cells commit each rollout: every one of them but the first dumps to its own
+root, compared with the baseline too (``cell_dumps``). A resumed phase's sides are each also checked
+on their own against the plan (``resume``): comparing them cannot see what both lose alike.
 """
 
 from __future__ import annotations

@@ -213,6 +213,17 @@ def test_cross_replica_checksums_must_agree_per_rollout_and_attempt():
     assert issue.rule == "cross_replica_weight_checksum" and "optimizer_hashes.w.exp_avg" in issue.description
 
 
+def test_a_checksum_issue_names_the_parts_of_the_state_that_differ():
+    """A heal that drops only the RNG generators: the issue says so, whatever the first keys listed are."""
+    def with_rng(cell, torch_rng, exp_avg="b"):
+        event = checksum(cell, 0, 0, exp_avg=exp_avg)
+        return event.model_copy(update={"state": {**event.state, "rng_hashes": {"torch": torch_rng, "python": "p"}}})
+    [issue] = cross_replica_weight_checksum([with_rng(0, "t"), with_rng(1, "u")])
+    assert "differ in 1 entries (rng_hashes 1)" in issue.description
+    [issue] = cross_replica_weight_checksum([with_rng(0, "t"), with_rng(1, "u", exp_avg="c")])
+    assert "differ in 2 entries (optimizer_hashes 1, rng_hashes 1)" in issue.description
+
+
 # ---- the incremental analyzer the driver runs before every rollout --------------------------------
 def _write(events_dir, log):
     """Each event into its process's file, as the run's processes write them."""

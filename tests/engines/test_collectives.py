@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from ftexp.engines.collectives import tree_fold
+from ftexp.engines.collectives import ascending_fold, tree_fold
 
 
 def _parts(n: int) -> list[torch.Tensor]:
@@ -43,3 +43,11 @@ def test_a_cell_fold_after_a_cp_fold_equals_the_baselines_dp_by_cp_fold():
     """Why the baseline's DP×CP group and a cell's CP group + cross-cell group add the same bits."""
     p = _parts(4)  # baseline ranks dp0cp0, dp0cp1, dp1cp0, dp1cp1
     assert torch.equal(tree_fold(p), tree_fold([tree_fold(p[:2]), tree_fold(p[2:])]))
+
+
+def test_ascending_fold_differs_from_the_tree_only_from_three_parts_on():
+    """Why deterministic runs on >= 3 cells: a + b == b + a bitwise, so 2 cells cannot show a wrong order."""
+    p2 = _parts(2)
+    assert torch.equal(ascending_fold(p2), tree_fold(p2)) and torch.equal(ascending_fold(p2[::-1]), tree_fold(p2))
+    p4 = _parts(4)
+    assert not torch.equal(ascending_fold(p4), tree_fold(p4))

@@ -53,6 +53,10 @@ class TrainGroup:
         alive = [c.index for c in self.cells]
         for cell in self.cells:
             cell.allocate()
+        # Every actor built (its replica too) before any rank starts the cross-cell rendezvous, whose timeout
+        # is short: on several nodes, or under load, one cell's actors may come up many seconds after another's.
+        for cell in self.cells:
+            cell.execute("ping")
         refs = {c.index: c.submit("init", IndepDPInfo.for_cell(c.index, len(self.cells), 0, alive), load_rollout_id, None)
                 for c in self.cells}
         results = []

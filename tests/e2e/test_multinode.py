@@ -91,7 +91,7 @@ def test_a_node_fault_on_two_nodes_shrinks_its_cells_together_heals_them_and_sta
     assert proc.returncode == 0, output[-4000:]
     assert (run_dir / "report.md").read_text().startswith("# ftexp verdict: PASSED")
     # every node of the job had sockets, and none of them left loopback
-    assert {"n1", "n2"} <= set(seen_nodes) or len([n for n in seen_nodes if n]) >= 2, seen_nodes
+    assert len([n for n in seen_nodes if n]) >= 2, f"sockets seen per Slurm node: {seen_nodes}"
     assert not bad, "\n".join(sorted(set(bad))[:20])
     target = run_dir / "target" / "events"
     placed = {e["cell_index"]: e["rank_nodes"] for e in _events(target, "cell_placement") if e["incarnation"] == 1}

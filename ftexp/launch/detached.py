@@ -12,11 +12,13 @@ whose processes end with it. A Ctrl-C during collect stops waiting, not the job.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -42,13 +44,30 @@ def _train_all(cfg, run_dir: Path) -> str:
     return str(run_dir)
 
 
+@contextlib.contextmanager
+def _stdio_detached():
+    """While submitting: the job inherits /dev/null, not our stdout/stderr. A job that held them would
+    keep a caller's pipe open (``$(python -m ftexp ...)``, subprocess.run) until training ended."""
+    sys.stdout.flush(), sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1), os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved[0], 1), os.dup2(saved[1], 2)
+        for fd in (*saved, devnull):
+            os.close(fd)
+
+
 def submit_run(cfg, run_dir: Path) -> str:
     """Submit the training of ``run_dir`` as one job; the nested side jobs wait inside it."""
     inner = dataclasses.replace(cfg, launcher=dataclasses.replace(cfg.launcher, wait=True))
     folder = run_dir / SUBMITIT_RUN
     # The run job waits for every side job of every phase in turn: give it their time limits together.
     outer = dataclasses.replace(cfg.launcher, timeout_min=cfg.launcher.timeout_min * (2 * len(cfg.scenario.phases) + 1))
-    job, _ = submit(make_executor(folder, outer), _train_all, inner, run_dir)
+    with _stdio_detached():
+        job, _ = submit(make_executor(folder, outer), _train_all, inner, run_dir)
     (run_dir / SUBMISSION).write_text(json.dumps(
         {"job_id": job.job_id, "launcher": cfg.launcher.name.value, "folder": str(folder)}))
     return job.job_id

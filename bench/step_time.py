@@ -33,7 +33,7 @@ RESULTS = Path(__file__).parent / "results"
 # A torch model whose step takes ~1 s on 2 cores (measured with the default rollout of 256 samples).
 LARGE_MODEL = ["trainer.model.d_model=256", "trainer.model.n_layers=6", "trainer.model.n_heads=4",
                "trainer.model.vocab_size=512"]
-SECTIONS = ("compute_s", "reduce_s", "checksum_s", "witness_s", "event_write_s", "analyzer_s", "driver_rest_s")
+SECTIONS = ("compute_s", "reduce_s", "checksum_s", "witness_s", "event_write_s", "dump_s", "analyzer_s", "driver_rest_s")
 
 
 class PeakMemory:
@@ -87,9 +87,24 @@ def perf_rows(side_root: Path) -> list[dict]:
 
 
 def median_of(rows: list[dict], key: str) -> float | None:
-    values = [r[key] if key == "step_time_s" else r.get("sections", {}).get(key) for r in rows]
-    values = [v for v in values if v is not None]
+    values = [r.get(key) for r in rows if r.get(key) is not None]
     return statistics.median(values) if values else None
+
+
+def with_breakdown(side_root: Path, rows: list[dict]) -> list[dict]:
+    """Each driver perf row plus its rollout's slowest rank per section (``step_sections.jsonl``)."""
+    sections = [json.loads(ln) for p in sorted(side_root.glob("**/step_sections.jsonl")) for ln in p.read_text().splitlines()]
+    out = []
+    for row in rows:
+        ranks = [s for s in sections if s["step"] == row["step"]]
+        if not ranks:
+            out.append(row)
+            continue
+        committed = [s for s in ranks if s["attempt"] == max(r["attempt"] for r in ranks)]
+        slowest = {k: max(s.get(k, 0.0) for s in committed) for k in (*SECTIONS, "total_s") if k not in row}
+        slowest["driver_rest_s"] = row["step_time_s"] - row.get("analyzer_s", 0.0) - slowest.pop("total_s")
+        out.append({**slowest, **row})
+    return out
 
 
 def run(mode: str, scenario: str, overrides: list[str]) -> tuple[Path, PeakMemory, tempfile.TemporaryDirectory]:
@@ -109,7 +124,7 @@ def run(mode: str, scenario: str, overrides: list[str]) -> tuple[Path, PeakMemor
 def step_row(mode: str, label: str, overrides: list[str]) -> dict:
     run_dir, memory, tmp = run(mode, "no_failure", overrides)
     with tmp:
-        base, targ = perf_rows(run_dir / "baseline"), perf_rows(run_dir / "target")
+        base, targ = perf_rows(run_dir / "baseline"), with_breakdown(run_dir / "target", perf_rows(run_dir / "target"))
         row = {"mode": mode, "run": label, "baseline_s": median_of(base, "step_time_s"),
                "target_s": median_of(targ, "step_time_s"), "peak_mb": round(memory.total_mb),
                "largest_process_mb": round(memory.largest_mb)}

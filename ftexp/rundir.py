@@ -8,7 +8,7 @@ A run is one directory (Hydra's run dir)::
       rollout_data/<id>.pt                               rollouts recorded once; both sides train on them
       <side>/[<phase>/]                                  side ∈ baseline, target; phase "" or phase_a/phase_b
         train.log  submitit/                             the training job's output and submitit's files
-        metrics.jsonl  perf.jsonl                        committed metrics; step wall times (benchmarks only)
+        metrics.jsonl  perf.jsonl  step_sections.jsonl   committed metrics; step wall times and their breakdown (benchmarks only)
         events/<process>.jsonl                           typed events, one file per process
         dumps/fwd_bwd/rollout_<id>/                      weights and reduced grads of every rollout (the
                                                          baseline's replica 0; the target's first alive cell)
@@ -64,6 +64,10 @@ class SideDir:
     @property
     def perf(self) -> Path:
         return self.root / "perf.jsonl"
+
+    @property
+    def step_sections(self) -> Path:
+        return self.root / "step_sections.jsonl"
 
     @property
     def events(self) -> Path:

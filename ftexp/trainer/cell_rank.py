@@ -39,7 +39,7 @@ from ftexp.trainer import transfer
 from ftexp.trainer.cell import IndepDPInfo
 from ftexp.trainer.checkpoint import complete_checkpoint, load_rank_state, save_rank_state
 from ftexp.trainer.nodes import set_off_node_fault
-from ftexp.trainer.step import record_metrics, train_step
+from ftexp.trainer.step import SectionTimer, record_metrics, record_sections, train_step
 
 log = logging.getLogger(__name__)
 NORMAL, DISCARDED = "normal", "discarded_should_retry"
@@ -190,6 +190,7 @@ class CellRank:
         info, spec = self.info, self.spec
         assert info is not None, "train before init"
         self._bump()
+        started, events_before, timer = time.perf_counter(), self.events.write_s, SectionTimer()
         control = spec.trainer.negative_control
         rollout = load_rollout(rollout_path(spec.data_dir, rollout_id), expected_rollout_id=rollout_id)
         # The first alive cell writes the group's dumps and metrics (the negative control: always cell 0).
@@ -205,8 +206,10 @@ class CellRank:
                 return True
             pg = self.pg
             try:
-                run_releasable(lambda: sum_across(pg, flat, world_size=info.alive_size, deterministic=spec.deterministic,
-                                                  torchft=True, fold=fold), self.released)
+                with timer.section("reduce_s"):
+                    run_releasable(lambda: sum_across(pg, flat, world_size=info.alive_size,
+                                                      deterministic=spec.deterministic, torchft=True, fold=fold),
+                                   self.released)
                 return True
             except Exception as e:  # a dead or frozen peer: this attempt is void
                 log.warning("cross-cell reduce failed at rollout %d attempt %d: %s", rollout_id, attempt, e)
@@ -220,22 +223,33 @@ class CellRank:
             return ok
 
         def dump() -> None:  # every alive cell's weights and reduced grads are compared with the baseline's
-            self.replica.dump(spec.side_dir.dump_leaf(rollout_id) if logs_for_group
-                              else spec.side_dir.cell_dump_leaf(self.cell_index, rollout_id))
+            with timer.section("dump_s"):
+                self.replica.dump(spec.side_dir.dump_leaf(rollout_id) if logs_for_group
+                                  else spec.side_dir.cell_dump_leaf(self.cell_index, rollout_id))
 
         with self.events.context(rollout_id=rollout_id, attempt=attempt):
             ok, metrics = train_step(self.replica, rollout, rollout_id, attempt, shard_rank=info.alive_rank,
                                      shard_size=info.alive_size, witness=witness, events=self.events, reduce=reduce,
-                                     before_reduce=before_reduce, on_commit=dump)
+                                     before_reduce=before_reduce, on_commit=dump, timer=timer)
             if not ok:
                 return DISCARDED, None
             if control == NegativeControl.double_apply_retry and attempt == 0:
                 return DISCARDED, None  # the bug: stepped, yet reported void, so the retry steps again
             if spec.trainer.audit:
-                self.events.log(TrainEngineLocalWeightChecksumEvent(rollout_id=rollout_id, state=self.replica.checksums()))
+                with timer.section("checksum_s"):
+                    checksums = self.replica.checksums()
+                self.events.log(TrainEngineLocalWeightChecksumEvent(rollout_id=rollout_id, state=checksums))
             if logs_for_group and self.rank == 0:
                 record_metrics(spec.side_dir, self.events, rollout_id, attempt, metrics)
+        self._record_sections(rollout_id, attempt, timer, time.perf_counter() - started, events_before)
         return NORMAL, metrics
+
+    def _record_sections(self, rollout_id: int, attempt: int, timer: SectionTimer, total_s: float,
+                         events_before: float) -> None:
+        """Where this rank's step went; compute is what the named sections leave."""
+        seconds = dict(timer.seconds, event_write_s=self.events.write_s - events_before, total_s=total_s)
+        seconds["compute_s"] = total_s - sum(v for k, v in seconds.items() if k != "total_s")
+        record_sections(self.spec.side_dir, rollout_id, attempt, self.cell_index, self.rank, seconds)
 
     def _maybe_crash(self, rollout_id: int, attempt: int) -> None:
         set_off_node_fault(self.spec, self.events, self.cell_index, self.rank, rollout_id, attempt)  # multi-node

@@ -137,14 +137,15 @@ def run_ft_driver(spec: JobSpec) -> None:
         if soak is not None:
             watchdog = StepWatchdog(group, soak.step_deadline_s)
         for rollout_id in rollouts:
-            _fail_fast(analyzer)  # on the previous rollout's events
             if soak is not None:
                 time.sleep(soak.simulated_rollout_s)  # "generation": the window in which faults land
             started = time.monotonic()
+            _fail_fast(analyzer)  # on the previous rollout's events
+            analyzed = time.monotonic()
             metrics = group.train(rollout_id)
             if watchdog is not None:
                 watchdog.progress()
-            record_step_time(spec.side_dir, rollout_id, time.monotonic() - started)
+            record_step_time(spec.side_dir, rollout_id, time.monotonic() - started, analyzer_s=analyzed - started)
             log.info("target rollout %d committed: loss=%.6f alive=%s", rollout_id, metrics.get("train/loss", float("nan")),
                      group.alive_indices())
             _group_actions(spec, group, rollout_id)

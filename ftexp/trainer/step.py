@@ -10,7 +10,10 @@ witness id, and after a committed step the non-zero witness rows, then zeroes th
 
 from __future__ import annotations
 
+import contextlib
 import json
+import time
+from collections import defaultdict
 from typing import Callable
 
 import torch
@@ -22,25 +25,43 @@ from ftexp.engines.grpo import make_train_batch, strided_shard, token_advantages
 from ftexp.rundir import SideDir
 
 
+class SectionTimer:
+    """Seconds per named section of a step, for the benchmark's breakdown (never compared)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    @contextlib.contextmanager
+    def section(self, name: str):
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] += time.perf_counter() - started
+
+
 def train_step(replica: Replica, rollout: dict, rollout_id: int, attempt: int, *, shard_rank: int, shard_size: int,
                witness: WitnessInfo | None, events: EventLogger, reduce: Callable[[torch.Tensor], bool],
                before_reduce: Callable[[], None] = lambda: None,
-               on_commit: Callable[[], None] = lambda: None) -> tuple[bool, dict[str, float] | None]:
+               on_commit: Callable[[], None] = lambda: None,
+               timer: SectionTimer | None = None) -> tuple[bool, dict[str, float] | None]:
     """The step both sides run. ``reduce`` SUMs the flat buffer in place and says whether it worked.
 
     On failure the gradients are dropped and nothing is stepped, so a discarded attempt leaves no
     trace in weights, optimizer state or RNG generators (a commit draws once from each).
     ``on_commit`` runs after the reduce and before the optimizer step (that is where weights and
     reduced grads are dumped). ``witness`` (one id per sample of the rollout) is required exactly
-    when the replica's model has witnesses.
+    when the replica's model has witnesses. ``timer`` collects the witness bookkeeping's seconds.
     """
+    timer = timer or SectionTimer()
     if (witness is not None) != replica.has_witness:
         raise ValueError("witness ids must be given exactly when the model has witnesses (trainer.enable_witness)")
     num_samples = len(rollout["samples"])
     batch = make_train_batch(rollout, strided_shard(num_samples, shard_rank, shard_size),
                              witness.witness_ids if witness is not None else None)
     if witness is not None:
-        advantages, token_witness_ids = token_advantages(batch)
+        with timer.section("witness_s"):
+            advantages, token_witness_ids = token_advantages(batch)
         events.log(TrainAdvantageComputationEvent(rollout_id=rollout_id, attempt=attempt, advantages=advantages,
                                                   witness_ids=token_witness_ids))
     replica.zero_grad()
@@ -54,10 +75,13 @@ def train_step(replica: Replica, rollout: dict, rollout_id: int, attempt: int, *
     metrics = replica.metrics(stats, grad_norm, rollout)
     replica.zero_grad()
     if witness is not None:
-        for instance, nonzero in replica.witness_snapshot().items():
+        with timer.section("witness_s"):
+            snapshot = replica.witness_snapshot()
+        for instance, nonzero in snapshot.items():
             events.log(WitnessSnapshotParamEvent(rollout_id=rollout_id, attempt=attempt, instance_id=instance,
                                                  nonzero_witness_ids=nonzero, stale_id_ranges=witness.stale_ranges))
-        replica.zero_stale_witness_rows(witness.stale_ranges)
+        with timer.section("witness_s"):
+            replica.zero_stale_witness_rows(witness.stale_ranges)
     return True, metrics
 
 
@@ -68,7 +92,14 @@ def record_metrics(side_dir: SideDir, events: EventLogger, rollout_id: int, atte
     events.log(MetricEvent(rollout_id=rollout_id, attempt=attempt, metrics=metrics))
 
 
-def record_step_time(side_dir: SideDir, rollout_id: int, step_time_s: float) -> None:
+def record_step_time(side_dir: SideDir, rollout_id: int, step_time_s: float, **sections: float) -> None:
     """Wall time of one committed rollout as the side's loop saw it (for benchmarks, never compared)."""
     with open(side_dir.perf, "a") as f:
-        f.write(json.dumps({"step": rollout_id, "step_time_s": step_time_s}) + "\n")
+        f.write(json.dumps({"step": rollout_id, "step_time_s": step_time_s, **sections}) + "\n")
+
+
+def record_sections(side_dir: SideDir, rollout_id: int, attempt: int, cell: int, rank: int,
+                    seconds: dict[str, float]) -> None:
+    """One rank's step breakdown (``step_sections.jsonl``, for benchmarks, never compared)."""
+    with open(side_dir.step_sections, "a") as f:
+        f.write(json.dumps({"step": rollout_id, "attempt": attempt, "cell": cell, "rank": rank, **seconds}) + "\n")

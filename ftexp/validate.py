@@ -8,10 +8,9 @@ exit 2, nothing launched.
 from __future__ import annotations
 
 from ftexp.config import ExperimentConfig, Stage
-from ftexp.engines.registry import get_engine
+from ftexp.engines.registry import MODEL_FEATURES, get_engine
 from ftexp.errors import InputError
 from ftexp.scenarios import load_scenario
-from ftexp.scenarios.checks import MODEL_FEATURES
 from ftexp.verify.dumps import compile_pattern, parse_rules
 
 

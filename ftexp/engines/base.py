@@ -79,6 +79,9 @@ class Engine(Protocol):
 
     def ranks_per_replica(self, mode: ModeConfig) -> int: ...
 
+    def model_features(self, mode: ModeConfig) -> frozenset[str]:
+        """Which of ``registry.MODEL_FEATURES`` the mode's model has, from the config alone."""
+
     def validate(self, mode: ModeConfig, trainer: TrainerConfig) -> None:
         """Raise InputError for what this engine cannot run, before anything launches."""
 

@@ -11,27 +11,8 @@ from pathlib import Path
 from ftexp.audit.analyzer import analyze
 from ftexp.audit.events import (CellReconfigureEvent, FaultInjectedEvent, NodeStateEvent, TrainEngineLocalWeightChecksumEvent, TrainGroupStepEndEvent,
                                 WitnessAllocateIdEvent, WitnessSnapshotParamEvent, read_events)
-from ftexp.config import Engine, ExperimentConfig
-from ftexp.engines.megatron.presets import PRESETS
 from ftexp.verify.dumps import leaf_set
 from ftexp.verify.report import CheckResult
-
-# What a model may have that a threshold rule can be for (a dump rule's optional third element):
-# a rule for a feature the run's model lacks may match no tensor; any other rule must match one.
-MODEL_FEATURES = ("moe", "qk_norm")
-
-
-def model_features(cfg: ExperimentConfig) -> frozenset[str]:
-    """The features of the run's model, from the config alone (never from the dumps it is checked on).
-
-    The torch engine's TinyGPT has neither. Every megatron preset is built with qk_layernorm=True
-    (``engines/megatron/model.py``); the presets with ``num_experts`` are MoE.
-    """
-    if cfg.trainer.engine != Engine.megatron:
-        return frozenset()
-    preset = PRESETS[cfg.mode.model_preset]
-    return frozenset({"qk_norm"} | ({"moe"} if preset.num_experts else set()))
-
 
 def recovery_timings(events_dir: Path, name: str) -> CheckResult:
     """Per fault and heal: detection, reconfiguration, state transfer, first commit (seconds), bytes.

@@ -17,12 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ftexp.config import ExperimentConfig, PhaseConfig
+from ftexp.engines.registry import get_engine
 from ftexp.faults.plan import FaultPlan, TestActionKind
 from ftexp.placement import placement_for
 from ftexp.rundir import BASELINE, TARGET, dump_leaf_name, side_dir
 from ftexp.scenarios.cell_dumps import check_cell_dumps
 from ftexp.scenarios.checks import (check_event_rules, check_faults, check_leaves, check_target_commits,
-                                    model_features, recovery_timings)
+                                    recovery_timings)
 from ftexp.scenarios.resume import resume_checks
 from ftexp.verify.dumps import compare_dumps
 from ftexp.verify.inventory import compare_inventories
@@ -115,7 +116,8 @@ def check_phase(cfg: ExperimentConfig, run_dir: Path, phase: PhaseConfig, expect
     label = f"{phase.name}/" if phase.name else ""
     base, targ = side_dir(run_dir, BASELINE, phase.name), side_dir(run_dir, TARGET, phase.name)
     th = cfg.threshold
-    features = model_features(cfg)  # a dump rule for a feature the model lacks may match nothing
+    # A dump rule for a feature the model lacks may match nothing.
+    features = get_engine(cfg.trainer.engine).model_features(cfg.mode)
     checks = [
         check_leaves(base.dumps, expected.rollouts, f"{label}dump_leaves"),
         # Which tensors exist (both sides, every rollout), apart from their values.

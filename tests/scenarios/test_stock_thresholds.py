@@ -15,7 +15,7 @@ from ftexp.audit.dumps import write_dump
 from ftexp.config import Engine, ModelConfig, ThresholdConfig
 from ftexp.engines.torch.model import build_model
 from ftexp.errors import InputError
-from ftexp.scenarios.checks import MODEL_FEATURES, model_features
+from ftexp.engines.registry import MODEL_FEATURES, get_engine
 from ftexp.validate import validate_thresholds
 from ftexp.verify.dumps import compare_dumps
 
@@ -50,7 +50,7 @@ def names_of(model: str) -> list[str]:
 
 def features_of(model: str) -> frozenset[str]:
     engine, preset = MODELS[model]
-    return model_features(SimpleNamespace(trainer=SimpleNamespace(engine=engine), mode=SimpleNamespace(model_preset=preset)))
+    return get_engine(engine).model_features(SimpleNamespace(model_preset=preset))
 
 
 def stock_rules(name: str, key: str = "dumps") -> list[tuple]:

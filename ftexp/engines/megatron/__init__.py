@@ -26,6 +26,10 @@ class MegatronEngine:
     def ranks_per_replica(self, mode: ModeConfig) -> int:
         return mode.ranks_per_cell
 
+    def model_features(self, mode: ModeConfig) -> frozenset[str]:
+        """Every preset is built with QK layernorm (``model.transformer_config``); those with experts are MoE."""
+        return frozenset({"qk_norm"} | ({"moe"} if PRESETS[mode.model_preset].num_experts else set()))
+
     def validate(self, mode: ModeConfig, trainer: TrainerConfig) -> None:
         """What megatron-core would assert on deep inside every rank, said once up front."""
         preset = PRESETS.get(mode.model_preset)

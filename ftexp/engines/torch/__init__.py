@@ -20,6 +20,9 @@ class TorchEngine:
     def ranks_per_replica(self, mode: ModeConfig) -> int:
         return 1
 
+    def model_features(self, mode: ModeConfig) -> frozenset[str]:
+        return frozenset()  # TinyGPT: dense, no QK norm
+
     def validate(self, mode: ModeConfig, trainer: TrainerConfig) -> None:
         if mode.ranks_per_cell != 1:
             raise InputError(f"mode {mode.name} splits a replica over {mode.ranks_per_cell} ranks "

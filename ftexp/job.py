@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ftexp.config import ControlConfig, ModeConfig, RayClusterConfig, SoakConfig, TrainerConfig
+from ftexp.config import ControlConfig, LauncherConfig, ModeConfig, RayClusterConfig, SoakConfig, TrainerConfig
 from ftexp.faults.plan import FaultPlan
 from ftexp.placement import Placement
 from ftexp.rundir import SideDir, latest_checkpoint
@@ -35,6 +35,7 @@ class JobSpec:
     soak: SoakConfig | None = None        # set only when the scenario is a soak (target only)
     placement: Placement | None = None    # multi-node jobs: which node each rank runs on (None: one node)
     cluster: RayClusterConfig | None = None  # multi-node jobs: how the nodes' Ray cluster forms
+    launcher: LauncherConfig | None = None   # multi-node jobs: where a replacement node is submitted
 
     @property
     def nodes(self) -> int:

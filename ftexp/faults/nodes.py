@@ -53,8 +53,8 @@ class NodeFiles:
         return None
 
     # ---- node down / up ---------------------------------------------------------------------------
-    def request_down(self, node: int, why: str) -> None:
-        self._write(f"node{node}.down", {"why": why, "at": time.time()})
+    def request_down(self, node: int, why: str, how: str = "ray") -> None:
+        self._write(f"node{node}.down", {"why": why, "how": how, "at": time.time()})
 
     def request_up(self, node: int) -> None:
         self._write(f"node{node}.up", {"at": time.time()})

@@ -46,9 +46,14 @@ class TestAction:
     rank: int = 0
     attempt: int = 0
     node_index: Optional[int] = None  # node faults: which node (never 0, the head)
+    # kill_node_before_allreduce: "ray" kills the node's Ray processes (its Slurm task lives on and brings a
+    # fresh Ray node back); "slurm" sets the Slurm node down (scontrol): Slurm ends the job's task there, the
+    # job goes on without it (--no-kill), and the restore is a replacement node — a new one-node job.
+    how: str = "ray"
 
 
 NODE_ACTIONS = ("kill_node_before_allreduce", "restore_node_at_end")
+NODE_FAULT_KINDS = ("ray", "slurm")
 
 
 class NegativeControl(enum.Enum):
@@ -92,6 +97,7 @@ class PlannedAction:
     attempt: int
     node: int | None = None
     cells: tuple[int, ...] = ()  # node faults: every cell on the node
+    how: str = "ray"             # node faults: see TestAction.how
 
 
 def _resolve(a: TestAction, num_cells: int, placement) -> PlannedAction:
@@ -105,8 +111,10 @@ def _resolve(a: TestAction, num_cells: int, placement) -> PlannedAction:
     cells = tuple(placement.cells_on(a.node_index))
     if not cells:
         raise InputError(f"{a.action.value}: node {a.node_index} holds no cell")
+    if a.how not in NODE_FAULT_KINDS:
+        raise InputError(f"{a.action.value}: how={a.how!r} is not one of {', '.join(NODE_FAULT_KINDS)}")
     cell, rank = placement.first_rank_on(a.node_index)
-    return PlannedAction(a.at_rollout, a.action, cell, rank, a.attempt, a.node_index, cells)
+    return PlannedAction(a.at_rollout, a.action, cell, rank, a.attempt, a.node_index, cells, a.how)
 
 
 class FaultPlan:

@@ -245,8 +245,11 @@ def make_executor(folder: Path, launcher_cfg, nodes: int = 1) -> submitit.Execut
     executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=0)
     options = {"partition": launcher_cfg.partition, "account": launcher_cfg.account,
                "cpus_per_task": launcher_cfg.cpus_per_task, "gpus_per_node": launcher_cfg.gpus_per_node}
-    executor.update_parameters(time=launcher_cfg.timeout_min, nodes=nodes, job_name="ftexp",
-                               additional_parameters=dict(launcher_cfg.additional_parameters),
+    # Multi-node: a failed node must not end the job (sbatch and srun --no-kill); the driver shrinks instead.
+    no_kill = {"srun_args": ["--no-kill"]} if nodes > 1 else {}
+    executor.update_parameters(time=launcher_cfg.timeout_min, nodes=nodes, job_name="ftexp", **no_kill,
+                               additional_parameters={**({"no_kill": True} if nodes > 1 else {}),
+                                                      **launcher_cfg.additional_parameters},
                                **{k: v for k, v in options.items() if v is not None})
     return executor
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
+import threading
 import time
 
 import ray
@@ -25,6 +27,58 @@ from ftexp.trainer.driver import run_ft_driver
 log = logging.getLogger(__name__)
 
 
+class NodeReplacer:
+    """On the head: a node that Slurm took away (a ``how: slurm`` node fault) has no task left to bring it back,
+    so when the driver asks for it (``node<i>.up``) a replacement comes as a new one-node job of its own, whose
+    task starts a Ray node with the lost node's ``node<i>`` resource and supervises it like any worker task."""
+
+    def __init__(self, spec: JobSpec, files: NodeFiles):
+        self.spec, self.files = spec, files
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="node-replacer", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.5):
+            for i in range(1, self.spec.nodes):
+                state = self.files.read_state(i) or {}
+                if state.get("state") == "down" and state.get("how") == "slurm" and self.files.take_request(i, "up"):
+                    try:
+                        self._replace(i)
+                    except Exception as e:  # the driver's wait for the node then fails with its own clear error
+                        log.error("node%d: could not submit a replacement node: %s", i, e)
+
+    def _replace(self, index: int) -> None:
+        launcher = self.spec.launcher
+        executor = submitit.SlurmExecutor(folder=self.spec.side_dir.submitit / f"node{index}_replacement",
+                                          max_num_timeout=0)
+        options = {"partition": launcher.partition, "account": launcher.account,
+                   "cpus_per_task": launcher.cpus_per_task, "gpus_per_node": launcher.gpus_per_node}
+        executor.update_parameters(time=launcher.timeout_min, nodes=1, job_name="ftexp-node",
+                                   additional_parameters=dict(launcher.additional_parameters),
+                                   **{k: v for k, v in options.items() if v is not None})
+        with submitit.helpers.clean_env():  # this is a job itself: do not let submitit take the new job for it
+            job = executor.submit(run_replacement_node, self.spec, index)
+        self.files.write_state(index, "replacing", replacement_job=job.job_id)
+        log.info("node%d: replacement node submitted as job %s", index, job.job_id)
+
+
+def run_replacement_node(spec: JobSpec, index: int) -> None:
+    """The body of a replacement node's job: join the run's Ray cluster as node ``index`` until the run is done."""
+    fd = os.open(spec.side_dir.train_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1), os.dup2(fd, 2)
+    logging.basicConfig(level=logging.INFO, stream=sys.stdout, force=True,
+                        format="[%(asctime)s] %(name)s: %(message)s", datefmt="%H:%M:%S")
+    log.info("node%d (replacement): Slurm node %s", index, os.environ.get("SLURMD_NODENAME", "?"))
+    run_worker(NodeFiles(spec.side_dir.cluster), index, node_ip(spec.cluster.loopback), num_cpus=2,
+               join_timeout_s=spec.cluster.join_timeout_s)
+
+
 def run_on_node(spec: JobSpec) -> None:
     env = submitit.JobEnvironment()
     node, tasks = env.global_rank, env.num_tasks
@@ -37,14 +91,17 @@ def run_on_node(spec: JobSpec) -> None:
     if spec.side == BASELINE:
         run_baseline(spec, node, files, ip, cluster.join_timeout_s)
     elif node == 0:
+        replacer = NodeReplacer(spec, files)
         try:
             t0 = time.monotonic()
             start_head(files, ip, num_cpus=2)
             wait_for_nodes(list(range(spec.nodes)), cluster.join_timeout_s)
             log.info("ray cluster: all %d nodes up %.1f s after the head started", spec.nodes, time.monotonic() - t0)
+            replacer.start()
             run_ft_driver(spec)
         finally:
-            files.finish()  # the worker nodes' supervisors end their nodes and return
+            replacer.stop()
+            files.finish()  # the worker nodes' supervisors (replacements too) end their nodes and return
             if ray.is_initialized():
                 ray.shutdown()
     else:

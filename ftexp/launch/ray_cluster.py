@@ -25,6 +25,7 @@ import os
 import re
 import socket
 import subprocess
+import sys
 import time
 
 import ray
@@ -156,6 +157,23 @@ class WorkerNode:
         return killed
 
 
+def _set_slurm_node_down(index: int) -> bool:
+    """``scontrol update state=down`` on this task's Slurm node; False (and why, logged) if that did not work."""
+    name = os.environ.get("SLURMD_NODENAME")
+    if not name:
+        log.error("node%d: not under Slurm; taking the Ray node away instead", index)
+        return False
+    log.warning("node%d: setting Slurm node %s down (Slurm then ends this task)", index, name)
+    sys.stdout.flush()
+    done = subprocess.run(["scontrol", "update", f"nodename={name}", "state=down", "reason=ftexp node fault"],
+                          capture_output=True, text=True, timeout=30)
+    if done.returncode != 0:
+        log.error("node%d: scontrol could not set %s down (%s); taking the Ray node away instead", index, name,
+                  (done.stderr or done.stdout).strip())
+        return False
+    return True
+
+
 def _reachable(address: str) -> bool:
     host, port = address.rsplit(":", 1)
     try:
@@ -182,9 +200,16 @@ def run_worker(files: NodeFiles, index: int, ip: str, num_cpus: int, join_timeou
     head_silent_since = None
     try:
         while not files.finished():
-            if node.node is not None and files.take_request(index, "down") is not None:
+            if node.node is not None and (down := files.take_request(index, "down")) is not None:
+                how = down.get("how", "ray")
+                files.write_state(index, "down", down_at=time.time(), how=how)
+                if how == "slurm" and _set_slurm_node_down(index):
+                    # Slurm now ends this task, and the Ray node's processes (the step's) with it; the job goes
+                    # on without this node (--no-kill). Whatever is left ends here; a replacement node brings it back.
+                    killed = node.kill()
+                    log.warning("node%d: Slurm node set down (node fault); %d processes left were killed", index, killed)
+                    return
                 killed = node.kill()
-                files.write_state(index, "down", down_at=time.time())
                 log.warning("node%d: taken away (node fault): %d processes killed", index, killed)
             elif node.node is None and files.take_request(index, "up") is not None:
                 t0 = time.monotonic()

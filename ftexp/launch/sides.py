@@ -35,6 +35,7 @@ def job_spec(cfg: ExperimentConfig, run_dir: Path, side: str, phase: PhaseConfig
         control=cfg.scenario.control if target and cfg.scenario.control.enabled else None,
         soak=cfg.scenario.soak if target and soak else None,
         placement=placement, cluster=cfg.launcher.ray if placement is not None else None,
+        launcher=cfg.launcher if placement is not None else None,
     )
 
 

@@ -142,7 +142,7 @@ def set_off_node_fault(spec, events: EventLogger, cell: int, rank: int, rollout_
     log.warning("test action %s: taking node %d (cells %s) away before the cross-cell reduce", fault.action.value,
                 fault.node, list(fault.cells))
     sys.stdout.flush()
-    NodeFiles(spec.side_dir.cluster).request_down(fault.node, f"rollout {rollout_id} attempt {attempt}")
+    NodeFiles(spec.side_dir.cluster).request_down(fault.node, f"rollout {rollout_id} attempt {attempt}", fault.how)
     time.sleep(NODE_KILL_WAIT_S)
     log.error("node %d was not taken away within %.0f s; exiting hard instead", fault.node, NODE_KILL_WAIT_S)
     sys.stdout.flush()

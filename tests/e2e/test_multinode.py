@@ -67,10 +67,14 @@ def _events(events_dir: Path, kind: str) -> list[dict]:
             if ln.strip() and (e := json.loads(ln))["type"] == kind]
 
 
-def test_a_node_fault_on_two_nodes_shrinks_its_cells_together_heals_them_and_stays_on_loopback(tmp_path):
+@pytest.mark.parametrize("how", ["ray", "slurm"])
+def test_a_node_fault_on_two_nodes_shrinks_its_cells_together_heals_them_and_stays_on_loopback(tmp_path, how):
+    """how=ray: node 1's Ray node is killed and its Slurm task brings a fresh one back; how=slurm: Slurm node n2 is
+    set down, Slurm ends the job's task there, and a replacement node comes as a one-node job of its own."""
     mark, run_dir = uuid.uuid4().hex, tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "ftexp", "mode=dp4", "scenario=node_failure", "launcher=slurm",
-                             "launcher.nodes=2", f"launcher.timeout_min={TIMEOUT_MIN}", f"hydra.run.dir={run_dir}"],
+                             "launcher.nodes=2", f"launcher.timeout_min={TIMEOUT_MIN}", f"hydra.run.dir={run_dir}",
+                             f"scenario.phases.0.target_actions.0.how={how}"],
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, MARK: mark, "PYTHONUNBUFFERED": "1"})
     seen_nodes: dict[str, int] = {}
@@ -105,6 +109,8 @@ def test_a_node_fault_on_two_nodes_shrinks_its_cells_together_heals_them_and_sta
     assert back["state"] == "rejoined" and back["timings"]["rejoin_s"] > 0
     healed = {e["cell_index"]: e["rank_nodes"] for e in _events(target, "cell_placement") if e["incarnation"] == 2}
     assert healed == {2: [1], 3: [1]}  # the healed cells run on the node that came back
+    replacements = list((run_dir / "target" / "submitit").glob("node1_replacement/*_submitted.pkl"))
+    assert len(replacements) == (1 if how == "slurm" else 0), replacements
     # the baseline's world spanned both nodes too: each task forked its node's ranks
     log = (run_dir / "baseline" / "train.log").read_text()
     assert "node0 of 2" in log and "node1 of 2" in log

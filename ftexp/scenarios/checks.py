@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ftexp.audit.analyzer import analyze
-from ftexp.audit.events import (CellReconfigureEvent, FaultInjectedEvent, NodeStateEvent, TrainEngineLocalWeightChecksumEvent, TrainGroupStepEndEvent,
+from ftexp.audit.events import (CellPlacementEvent, CellReconfigureEvent, FaultInjectedEvent, NodeStateEvent, TrainEngineLocalWeightChecksumEvent, TrainGroupStepEndEvent,
                                 WitnessAllocateIdEvent, WitnessSnapshotParamEvent, read_events)
 from ftexp.verify.dumps import leaf_set
 from ftexp.verify.report import CheckResult
@@ -99,6 +99,21 @@ def check_target_commits(events_dir: Path, rollouts: list[int], name: str) -> Ch
     ok = committed == rollouts
     return CheckResult(name, ok, f"group commits for rollouts {committed}" + ("" if ok else f", expected {rollouts}"),
                        {"expected": rollouts, "actual": committed})
+
+
+def check_placement(events_dir: Path, placement, name: str) -> CheckResult:
+    """Multi-node: every cell logged where its ranks run (``cell_placement``), every allocation (heals too) on
+    the nodes the placement planned."""
+    placed = [e for e in read_events(events_dir) if isinstance(e, CellPlacementEvent)]
+    wrong = [f"cell {e.cell_index} (incarnation {e.incarnation}) on {e.rank_nodes}, planned "
+             f"{list(placement.rank_nodes[e.cell_index])}" for e in placed
+             if e.rank_nodes != list(placement.rank_nodes[e.cell_index])]
+    missing = sorted(set(range(len(placement.rank_nodes))) - {e.cell_index for e in placed})
+    problems = wrong + ([f"no placement event for cells {missing}"] if missing else [])
+    layout = ", ".join(f"node {n}: cells {placement.cells_on(n)}" for n in range(placement.nodes))
+    found = "; ".join(problems) if problems else f"{len(placed)} placements on planned nodes"
+    return CheckResult(name, not problems, f"{found}; {layout}",
+                       {"placements": [e.model_dump(mode="json") for e in placed]})
 
 
 def check_faults(events_dir: Path, expected: int, name: str) -> CheckResult:

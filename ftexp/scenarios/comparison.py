@@ -22,8 +22,8 @@ from ftexp.faults.plan import FaultPlan, TestActionKind
 from ftexp.placement import placement_for
 from ftexp.rundir import BASELINE, TARGET, dump_leaf_name, side_dir
 from ftexp.scenarios.cell_dumps import check_cell_dumps
-from ftexp.scenarios.checks import (check_event_rules, check_faults, check_leaves, check_target_commits,
-                                    recovery_timings)
+from ftexp.scenarios.checks import (check_event_rules, check_faults, check_leaves, check_placement,
+                                    check_target_commits, recovery_timings)
 from ftexp.scenarios.resume import resume_checks
 from ftexp.verify.dumps import compare_dumps
 from ftexp.verify.inventory import compare_inventories
@@ -145,6 +145,8 @@ def check_phase(cfg: ExperimentConfig, run_dir: Path, phase: PhaseConfig, expect
     checks.append(check_target_commits(targ.events, expected.rollouts, f"{label}target_commits"))
     checks += resume_checks(cfg, run_dir, phase, expected.rollouts, label)  # each side on its own, if resumed
     checks.append(check_faults(targ.events, expected.faults_injected, f"{label}faults_injected"))
+    if (placement := placement_for(cfg)) is not None:  # multi-node: each cell where the placement put it
+        checks.append(check_placement(targ.events, placement, f"{label}placement"))
     checks.append(check_event_rules(targ.events, f"{label}target_event_analyzer", audit=cfg.trainer.audit,
                                     expect_witness=cfg.trainer.witness_on))
     if expected.target_reconfigures:

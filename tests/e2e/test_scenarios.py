@@ -6,6 +6,7 @@ the verdict red with a message naming the cause.
 """
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -36,11 +37,36 @@ def runs(tmp_path_factory):
     return tmp_path_factory.mktemp("runs")
 
 
-# dp4 runs with_failure with the crash in cell 0 (a 3-of-4 shrink whose survivors' alive ranks are
-# not their cell indices, healed from cell 1); its no_failure and deterministic runs add little over
-# dp2's and are left out of the default run (2 minutes together).
-SCENARIOS = [("no_failure", "dp2"), ("with_failure", "dp2"), ("with_failure_cell0", "dp4"), ("deterministic", "dp2")]
-CRASHED_CELL = {"with_failure": lambda n: n - 1, "with_failure_cell0": lambda n: 0}
+# dp4 runs with_failure_cell0 (cell 0 crashes: a 3-of-4 shrink whose survivors' alive ranks are not
+# their cell indices, the group's dumps move to cell 1, which heals cell 0; then a middle cell crashes)
+# and deterministic (the pairwise tree over 4 cells: on 2, a + b == b + a hides any reduction order).
+# dp2 runs the last cell's crash with two rollouts after the heal. dp4's no_failure and dp2's
+# deterministic add little and are left out of the default run.
+SCENARIOS = [("no_failure", "dp2"), ("with_failure", "dp2"), ("with_failure_cell0", "dp4"), ("deterministic", "dp4")]
+
+
+def _shrink(rollout_id: int, alive: list[int]) -> dict:
+    return {"rollout_id": rollout_id, "src_cell_index": None, "healed_cell_indices": [], "alive_cell_indices_after": alive}
+
+
+def _heal(rollout_id: int, source: int, healed: int, alive: list[int]) -> dict:
+    return {"rollout_id": rollout_id, "src_cell_index": source, "healed_cell_indices": [healed],
+            "alive_cell_indices_after": alive}
+
+
+# Positive proof, written out by hand (the verifier derives the same from the plan): each crash fired,
+# the quorum shrank, and the heal restored every cell from the lowest-index survivor.
+CRASH_RECONFIGURES = {
+    "with_failure": [_shrink(2, [0]), _heal(3, 0, 1, [0, 1])],
+    "with_failure_cell0": [_shrink(2, [1, 2, 3]), _heal(3, 1, 0, [0, 1, 2, 3]),
+                           _shrink(4, [0, 2, 3]), _heal(5, 0, 1, [0, 1, 2, 3])],
+}
+# Per scenario: cell -> the rollouts of phase_b it dumps to its own root (it commits them, another cell is first).
+CELL_DUMPS = {
+    "with_failure": {1: [1, 3, 4, 5]},
+    "with_failure_cell0": {1: [1, 3, 5], 2: [1, 2, 3, 4, 5], 3: [1, 2, 3, 4, 5]},
+    "deterministic": {1: [3, 4, 5, 6], 2: [3, 4, 5, 6], 3: [3, 4, 5, 6]},
+}
 _passed: dict[tuple[str, str], Path] = {}
 
 
@@ -64,28 +90,26 @@ def test_scenario_passes(runs, scenario, mode):
     assert (run_dir / "report.md").read_text().startswith("# ftexp verdict: PASSED")
     assert (run_dir / "curves.png").stat().st_size > 0
     report = _report(run_dir)
-    n = int(mode[2:])
-    if scenario in CRASHED_CELL:
-        # Positive proof: the crash fired, the quorum shrank to N-1, the heal restored N from the
-        # lowest-index survivor.
-        crashed = CRASHED_CELL[scenario](n)
-        survivors = [c for c in range(n) if c != crashed]
+    if scenario in CRASH_RECONFIGURES:
         actual = _check(report, "phase_b/target_reconfigures")["details"]["actual"]
-        assert actual == [
-            {"rollout_id": 2, "src_cell_index": None, "healed_cell_indices": [], "alive_cell_indices_after": survivors},
-            {"rollout_id": 3, "src_cell_index": survivors[0], "healed_cell_indices": [crashed],
-             "alive_cell_indices_after": list(range(n))},
-        ]
+        assert actual == CRASH_RECONFIGURES[scenario]
         assert _check(report, "phase_b/faults_injected")["passed"]
         recoveries = _check(report, "phase_b/recovery")["details"]["recoveries"]
-        assert recoveries[1]["bytes"] > 0 and recoveries[0]["detection_s"] is not None
+        assert all(r["bytes"] > 0 for r in recoveries[1::2]) and all(r["detection_s"] is not None for r in recoveries[::2])
         # The witness rule checked every commit, including the retry of the crashed rollout with fresh ids.
         analyzer = _check(report, "phase_b/target_event_analyzer")
         assert analyzer["passed"] and analyzer["details"]["issues"] == []
         assert analyzer["details"]["witness_snapshot_events"] > 0
         assert analyzer["details"]["witness_allocation_attempts"]["2"] == [0, 1]
-    if scenario == "deterministic":
-        assert len(_check(report, "phase_b/target_reconfigures")["details"]["actual"]) == 2
+    if scenario == "deterministic":  # phase_a's heal of the last cell (restored) and phase_b's of cell 0 from cell 1
+        assert _check(report, "phase_b/target_reconfigures")["details"]["actual"] == [
+            _heal(2, 0, 3, [0, 1, 2, 3]), _heal(4, 1, 0, [0, 1, 2, 3])]
+    if scenario in CELL_DUMPS:  # every other alive cell's own dumps were compared too, rollout by rollout
+        for cell, rollouts in CELL_DUMPS[scenario].items():
+            assert _check(report, f"phase_b/dumps/cell{cell}")["details"]["leaves"] == [f"fwd_bwd/rollout_{r}" for r in rollouts]
+        # Each side resumed from phase_a's checkpoint with its history and witness counter, on its own.
+        for side in ("baseline", "target"):
+            assert _check(report, f"phase_b/{side}_resume")["passed"]
 
 
 def _copy_of(runs: Path, key: tuple[str, str], tmp_path: Path) -> Path:
@@ -233,7 +257,7 @@ def test_missing_fault_event_fails(runs, tmp_path):
 
 
 def test_last_bit_flip_fails_deterministic(runs, tmp_path):
-    run_dir = _copy_of(runs, ("deterministic", "dp2"), tmp_path)
+    run_dir = _copy_of(runs, ("deterministic", "dp4"), tmp_path)
     leaf = run_dir / "target" / "phase_b" / "dumps" / "fwd_bwd" / "rollout_5"
     path = next(leaf.glob("*name=weight__lm_head.weight___*.pt"))
     dump = torch.load(path, weights_only=True)
@@ -241,7 +265,7 @@ def test_last_bit_flip_fails_deterministic(runs, tmp_path):
     w.view(-1)[7] = torch.nextafter(w.view(-1)[7], torch.tensor(float("inf")))
     dump["value"] = w
     torch.save(dump, path)
-    assert _compare(run_dir, "deterministic", "dp2").returncode == 1
+    assert _compare(run_dir, "deterministic", "dp4").returncode == 1
     assert "weight__lm_head.weight" in json.dumps(_check(_report(run_dir), "phase_b/dumps"))
 
 
@@ -254,17 +278,94 @@ def test_wrong_threshold_fails(runs, tmp_path):
     assert not _check(_report(run_dir), "phase_b/dumps")["passed"]
 
 
-@pytest.mark.parametrize("control, cause", [
-    ("skip_heal_transfer", "cross_replica_weight_checksum"),
-    ("skip_optimizer_transfer", "optimizer_hashes"),
+def _retrain(run_dir: Path, scenario: str, mode: str, stage: str, phase: str, control: str):
+    """Re-train one side of one phase of a copy of a finished run, with a deliberate bug."""
+    return run_ftexp(f"mode={mode}", f"scenario={scenario}", f"stage={stage}", f"phase={phase}", f"run_dir={run_dir}",
+                     f"trainer.negative_control={control}", cwd=run_dir.parent)
+
+
+@pytest.mark.parametrize("control, parts", [
+    ("skip_heal_transfer", {"param_hashes", "optimizer_hashes", "rng_hashes"}),
+    # The healed cell's fresh Adam moments then step its weights differently too.
+    ("skip_optimizer_transfer", {"param_hashes", "optimizer_hashes"}),
+    # Weights and moments are right; only the generators are the fresh process's, not the source's.
+    ("skip_rng_transfer", {"rng_hashes"}),
 ])
-def test_broken_healing_turns_verdict_red(runs, control, cause):
-    run_dir, result = _run(runs, f"broken_{control}", "mode=dp2", "scenario=deterministic",
-                           f"trainer.negative_control={control}")
+def test_broken_healing_turns_verdict_red(runs, tmp_path, control, parts):
+    """phase_a's target of the dp4 deterministic run heals the last cell at rollout 2: re-trained with a heal
+    that drops part of the state, the checksum rule names exactly the parts that differ."""
+    run_dir = _copy_of(runs, ("deterministic", "dp4"), tmp_path)
+    result = _retrain(run_dir, "deterministic", "dp4", "target", "phase_a", control)
     assert result.returncode == 1, result.stdout[-2000:]
-    report = _report(run_dir)
-    assert not report["passed"]
-    assert cause in json.dumps(report)
+    failure = _check(_report(run_dir), "training")["summary"]
+    assert "[cross_replica_weight_checksum] rollout 2: attempt 0: actor_cell0_rank0 and actor_cell3_rank0" in failure
+    differing = re.search(r"differ in \d+ entries \(([^)]*)\)", failure).group(1)
+    assert {part.split()[0] for part in differing.split(", ")} == parts, failure
+
+
+def test_reduction_order_shows_on_four_cells(runs, tmp_path):
+    """The target's cross-cell reduce folds ((c0 + c1) + c2) + c3 instead of the baseline's pairwise tree. The
+    cells agree with each other (training passes), but not bitwise with the baseline: on 2 cells this
+    bug could not show, as a + b == b + a."""
+    run_dir = _copy_of(runs, ("deterministic", "dp4"), tmp_path)
+    assert _retrain(run_dir, "deterministic", "dp4", "target", "phase_a", "ascending_cell_fold").returncode == 0
+    assert _compare(run_dir, "deterministic", "dp4").returncode == 1
+    failed = _failed_checks(run_dir)
+    assert {"phase_a/dumps", "phase_a/dumps/cell1", "phase_a/dumps/cell2", "phase_a/dumps/cell3"} <= set(failed)
+    # phase_b is the stock run's: its target resumed from a phase_a checkpoint that is no longer there.
+    assert {name for name in failed if name.startswith("phase_b/")} <= {"phase_b/target_resume"}, list(failed)
+    worst = failed["phase_a/dumps"]["details"]["not_passed"][0]
+    assert worst["name"].startswith("grad__") and worst["leaf"] == "fwd_bwd/rollout_0" and worst["rule"] == ".*"
+
+
+def test_logging_cell_must_follow_the_first_alive_cell(runs, tmp_path):
+    """A bug that only a crash of cell 0 shows: cell 0 writes the group's dumps and metrics even while it is
+    down, so rollout 2 (cells 1-3 alive) has none, and cell 1 dumped it as a non-first cell."""
+    run_dir = _copy_of(runs, ("with_failure_cell0", "dp4"), tmp_path)
+    assert _retrain(run_dir, "with_failure_cell0", "dp4", "target", "phase_b", "cell0_writes_group_logs").returncode == 0
+    assert _compare(run_dir, "with_failure_cell0", "dp4").returncode == 1
+    failed = _failed_checks(run_dir)
+    assert "leaf fwd_bwd/rollout_2 missing in target" in failed["phase_b/dumps"]["summary"]
+    assert failed["phase_b/cell_dump_leaves/cell1"]["details"]["actual"] == [f"fwd_bwd/rollout_{r}" for r in (1, 2, 3, 5)]
+    assert "phase_b/metrics[train/]" in failed
+
+
+def test_a_healed_cells_own_gradient_is_compared(runs, tmp_path):
+    """Cell 1 of with_failure is healed at rollout 3; its own rollout-4 gradient, 2% off, turns the verdict red
+    (the group's dumps, written by cell 0, and the checksum rule over other events cannot see it)."""
+    run_dir = _copy_of(runs, ("with_failure", "dp2"), tmp_path)
+    leaf = run_dir / "target" / "phase_b" / "cell_dumps" / "cell1" / "fwd_bwd" / "rollout_4"
+    path = next(leaf.glob("*name=grad__layers.0.mlp.fc1.weight___*.pt"))
+    dump = torch.load(path, weights_only=True)
+    torch.manual_seed(0)
+    dump["value"] = dump["value"] * (1 + 0.02 * torch.randn_like(dump["value"]))
+    torch.save(dump, path)
+    assert _compare(run_dir, "with_failure", "dp2").returncode == 1
+    failed = _failed_checks(run_dir)
+    assert list(failed) == ["phase_b/dumps_fp32/cell1"]
+    [record] = failed["phase_b/dumps_fp32/cell1"]["details"]["not_passed"]
+    assert (record["name"], record["leaf"]) == ("grad__layers.0.mlp.fc1.weight", "fwd_bwd/rollout_4")
+
+
+def test_an_event_log_lost_on_resume_by_both_sides_fails_the_absolute_resume_checks(runs, tmp_path):
+    """Both sides' phase_b without phase_a's event log: the baseline re-trained with the restore skipped (its
+    witness counter restarts, phase_a's commits vanish), the target's restored part cut from its log. Their
+    weights, gradients and metrics still agree with each other, so every check comparing the two sides passes;
+    each side's own resume check names the loss (and the target's witness rows still hold phase_a's samples)."""
+    run_dir = _copy_of(runs, ("with_failure", "dp2"), tmp_path)
+    assert _retrain(run_dir, "with_failure", "dp2", "baseline", "phase_b", "skip_event_restore").returncode == 0
+    snapshot = run_dir / "target" / "phase_a" / "ckpt" / "iter_0000000" / "debug_events"
+    for restored in snapshot.glob("*.jsonl"):
+        log = run_dir / "target" / "phase_b" / "events" / restored.name
+        log.write_bytes(log.read_bytes().removeprefix(restored.read_bytes()))
+    assert _compare(run_dir, "with_failure", "dp2").returncode == 1
+    failed = _failed_checks(run_dir)
+    assert set(failed) == {"phase_b/baseline_resume", "phase_b/target_resume", "phase_b/target_event_analyzer"}
+    for side in ("baseline", "target"):
+        assert "restored log lacks the commit events of rollouts [0]" in failed[f"phase_b/{side}_resume"]["details"]["issues"]
+    assert "witness counter resumed at 0, the checkpoint's snapshot holds 256" in \
+        failed["phase_b/baseline_resume"]["details"]["issues"]
+
 
 
 def test_removed_witness_snapshot_fails(runs, tmp_path):

@@ -167,18 +167,25 @@ def witness(events: list[Any]) -> list[AnalyzerIssue]:
             if outcome == "error" or any(o != "normal" for o in outcome):
                 continue
             cell_snapshots = snapshots.get((r, cell))
-            if not cell_snapshots:
-                issues.append(AnalyzerIssue("witness", r, f"cell {cell} committed but logged no witness snapshot"))
-                continue
-            for snap in cell_snapshots:
-                stale = snap.stale_id_ranges
-                want = {i for i in expected.get(r, set()) - excused.get(r, set()) if not in_ranges(i, stale)}
-                have = {i for i in snap.nonzero_witness_ids if not in_ranges(i, stale)}
-                if want != have:
-                    missing, extra = want - have, have - want
-                    issues.append(AnalyzerIssue(
-                        "witness", r, f"cell {cell} {snap.source.process_name} {snap.instance_id} attempt {snap.attempt}: "
-                                      f"missing {_show(missing)}, extra {_show(extra)}"))
+            issues += _snapshot_issues(r, cell, cell_snapshots, expected.get(r, set()) - excused.get(r, set()))
+    return issues
+
+
+def _snapshot_issues(rollout_id: int, cell: int, snapshots: list[WitnessSnapshotParamEvent] | None,
+                     want_all: set[int]) -> list[AnalyzerIssue]:
+    """A committed cell's snapshots against the ids its witness rows must show (stale slots aside)."""
+    if not snapshots:
+        return [AnalyzerIssue("witness", rollout_id, f"cell {cell} committed but logged no witness snapshot")]
+    issues = []
+    for snap in snapshots:
+        stale = snap.stale_id_ranges
+        want = {i for i in want_all if not in_ranges(i, stale)}
+        have = {i for i in snap.nonzero_witness_ids if not in_ranges(i, stale)}
+        if want != have:
+            missing, extra = want - have, have - want
+            issues.append(AnalyzerIssue(
+                "witness", rollout_id, f"cell {cell} {snap.source.process_name} {snap.instance_id} attempt "
+                                       f"{snap.attempt}: missing {_show(missing)}, extra {_show(extra)}"))
     return issues
 
 
@@ -261,18 +268,8 @@ class IncrementalAnalyzer:
                 if outcome == "error" or any(o != "normal" for o in outcome):
                     continue
                 by_attempt = self._snapshots.get((r, cell))
-                if not by_attempt:
-                    issues.append(AnalyzerIssue("witness", r, f"cell {cell} committed but logged no witness snapshot"))
-                    continue
-                for snap in by_attempt[max(by_attempt)]:
-                    stale = snap.stale_id_ranges
-                    want = {i for i in self._expected - self._excused if not in_ranges(i, stale)}
-                    have = {i for i in snap.nonzero_witness_ids if not in_ranges(i, stale)}
-                    if want != have:
-                        missing, extra = want - have, have - want
-                        issues.append(AnalyzerIssue(
-                            "witness", r, f"cell {cell} {snap.source.process_name} {snap.instance_id} attempt "
-                                          f"{snap.attempt}: missing {_show(missing)}, extra {_show(extra)}"))
+                issues += _snapshot_issues(r, cell, by_attempt[max(by_attempt)] if by_attempt else None,
+                                           self._expected - self._excused)
         for key in [k for k in self._snapshots if k[0] <= r]:
             del self._snapshots[key]
         for key in [k for k in self._checksum_refs if k[0] < r]:

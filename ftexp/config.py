@@ -217,8 +217,9 @@ class TrainerConfig:
     # ftexp.validate resolves it with the engine.
     enable_witness: Optional[bool] = None
     witness_buffer_size: int = 1048576    # ids live in a ring of this size; >= samples per rollout
-    # The per-step audit: witness ids and the weight checksums of every rank after every commit.
-    # false is what a production run would use; the report then says those rules were not run.
+    # The per-step audit: witness ids, the weight checksums of every rank after every commit, and
+    # every non-first cell's own dumps. false is what a production run would use; the report then
+    # says those checks were not run.
     audit: bool = True
     checksum: ChecksumKind = ChecksumKind.xxh3_128
 

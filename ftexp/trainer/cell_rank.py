@@ -223,6 +223,8 @@ class CellRank:
             return ok
 
         def dump() -> None:  # every alive cell's weights and reduced grads are compared with the baseline's
+            if not (logs_for_group or spec.trainer.audit):
+                return  # the other cells' dumps are part of the audit
             with timer.section("dump_s"):
                 self.replica.dump(spec.side_dir.dump_leaf(rollout_id) if logs_for_group
                                   else spec.side_dir.cell_dump_leaf(self.cell_index, rollout_id))

@@ -269,6 +269,18 @@ def test_last_bit_flip_fails_deterministic(runs, tmp_path):
     assert "weight__lm_head.weight" in json.dumps(_check(_report(run_dir), "phase_b/dumps"))
 
 
+def test_with_the_audit_off_the_report_names_the_checks_it_did_not_run(runs, tmp_path):
+    """``trainer.audit=false`` still compares dumps and metrics, and never passes the audit rules silently."""
+    run_dir = _copy_of(runs, ("with_failure", "dp2"), tmp_path)
+    result = run_ftexp("mode=dp2", "scenario=with_failure", "stage=compare", f"run_dir={run_dir}", "trainer.audit=false",
+                       cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    report = _report(run_dir)
+    assert _check(report, "phase_b/dumps")["passed"] and _check(report, "phase_b/metrics[train/]")["passed"]
+    for name in ("phase_b/target_event_analyzer", "phase_b/cell_dumps"):
+        assert _check(report, name)["summary"].startswith("NOT RUN: trainer.audit=false"), name
+
+
 def test_wrong_threshold_fails(runs, tmp_path):
     """The with_failure run is not bitwise (a degraded quorum reorders sums): a bitwise threshold must fail it."""
     run_dir = _copy_of(runs, ("with_failure", "dp2"), tmp_path)

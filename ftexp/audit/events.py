@@ -279,8 +279,8 @@ def read_events(events_dir: str | Path, *, strict: bool = True) -> list[Event]:
     """
     root = Path(events_dir)
     try:
-        key = (str(root.resolve()), strict, tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns)
-                                                  for p in sorted(root.glob("**/*.jsonl"))))
+        stats = [(str(p), p.stat()) for p in sorted(root.glob("**/*.jsonl"))]
+        key = (str(root.resolve()), strict, tuple((p, st.st_size, st.st_mtime_ns) for p, st in stats))
     except OSError:  # a file vanished meanwhile: read without the cache
         return _read_events(root, strict=strict)
     if key not in _cache:

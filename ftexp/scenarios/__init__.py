@@ -19,12 +19,10 @@ from ftexp.errors import InputError
 from ftexp.scenarios.base import Kind
 from ftexp.verify.report import CheckResult
 
-# Modules of this package that are machinery, not scenarios.
-_NOT_SCENARIOS = {"base", "cell_dumps", "checks", "comparison", "resume"}
-
-
 def scenario_modules() -> list[str]:
-    return sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name not in _NOT_SCENARIOS)
+    """The modules of this package that are scenarios: those that declare a ``KIND`` (the rest is machinery)."""
+    return sorted(m.name for m in pkgutil.iter_modules(__path__)
+                  if hasattr(importlib.import_module(f"{__name__}.{m.name}"), "KIND"))
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,10 @@ different cells must have logged identical hashes. After a heal this proves, bit
 the healed cell received the full state (weights *and* optimizer moments and step counts) —
 a dump comparison alone cannot see optimizer state.
 
+``inference_engine_weight_checksum_consistency``: after every weight update, all rollout engines
+hold the same weights (each engine's checksums equal engine 0's), so no engine generates from a
+stale or differently sourced policy.
+
 ``witness``: every cell that committed a rollout must show, in its witness rows, exactly the
 samples of every committed attempt so far — none missing (lost), none extra (a discarded
 attempt, or a retried one, that still reached the weights). See ``witness`` below.
@@ -20,7 +24,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Iterable, TypeVar
 
-from ftexp.audit.events import (EventTail, TrainAdvantageComputationEvent,
+from ftexp.audit.events import (EventTail, InferenceEngineWeightChecksumEvent, TrainAdvantageComputationEvent,
                                 TrainEngineLocalWeightChecksumEvent, TrainGroupStepEndEvent, WitnessAllocateIdEvent,
                                 WitnessSnapshotParamEvent)
 from ftexp.audit.witness import in_ranges
@@ -91,6 +95,24 @@ def cross_replica_weight_checksum(events: Iterable[Any]) -> list[AnalyzerIssue]:
                     f"attempt {attempt}: {ref.source.process_name} and {other.source.process_name} differ in "
                     f"{_describe_difference(differing)}"))
     return issues
+
+
+def engine_checksum_issues(event: InferenceEngineWeightChecksumEvent) -> list[AnalyzerIssue]:
+    """Every engine of one update against engine 0, naming the differing tensors."""
+    issues = []
+    reference = event.engine_checksums[0] if event.engine_checksums else {}
+    for index, checksums in enumerate(event.engine_checksums[1:], start=1):
+        differing = _differing_keys(reference, checksums)
+        if differing:
+            issues.append(AnalyzerIssue(
+                "inference_engine_weight_checksum_consistency", event.rollout_id,
+                f"engine_{index} differs from engine_0 in {len(differing)} tensors, e.g. {differing[:3]}"))
+    return issues
+
+
+def inference_engine_weight_checksum_consistency(events: Iterable[Any]) -> list[AnalyzerIssue]:
+    return [issue for e in events if isinstance(e, InferenceEngineWeightChecksumEvent)
+            for issue in engine_checksum_issues(e)]
 
 
 def _latest_attempt(events: Iterable[E], key: Callable[[E], Hashable]) -> dict[Hashable, list[E]]:
@@ -189,7 +211,7 @@ def _snapshot_issues(rollout_id: int, cell: int, snapshots: list[WitnessSnapshot
     return issues
 
 
-RULES = (cross_replica_weight_checksum, witness)
+RULES = (cross_replica_weight_checksum, inference_engine_weight_checksum_consistency, witness)
 
 
 def analyze(events: list[Any]) -> list[AnalyzerIssue]:
@@ -230,6 +252,8 @@ class IncrementalAnalyzer:
         for e in self.tail.read_new():
             if isinstance(e, TrainEngineLocalWeightChecksumEvent):
                 issues += self._checksum(e)
+            elif isinstance(e, InferenceEngineWeightChecksumEvent):
+                issues += engine_checksum_issues(e)
             elif isinstance(e, WitnessAllocateIdEvent):
                 self._witness_on = True
                 self._allocated[e.rollout_id][e.attempt] = set(e.witness_id_to_sample_index)

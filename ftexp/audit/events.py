@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
@@ -87,6 +87,17 @@ class TrainEngineLocalWeightChecksumEvent(_Event):
     attempt: int = 0
     # {"param_hashes": {name: sha256}, "optimizer_hashes": {...}, ...}
     state: dict[str, Any]
+
+
+class InferenceEngineWeightChecksumEvent(_Event):
+    """The rollout engines' weights after an ``update_weights`` (one dict per engine, HF tensor name -> hash).
+
+    ``rollout_id`` is None for the initial sync, before the first rollout is generated.
+    """
+
+    type: Literal["inference_engine_weight_checksum"] = "inference_engine_weight_checksum"
+    rollout_id: Optional[int]
+    engine_checksums: list[dict[str, str]]
 
 
 class WitnessAllocateIdEvent(_Event):
@@ -202,6 +213,7 @@ Event = Annotated[
         CellReconfigureEvent,
         TrainGroupStepEndEvent,
         TrainEngineLocalWeightChecksumEvent,
+        InferenceEngineWeightChecksumEvent,
         WitnessAllocateIdEvent,
         WitnessSnapshotParamEvent,
         TrainAdvantageComputationEvent,

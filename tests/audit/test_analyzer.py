@@ -3,8 +3,8 @@
 import pytest
 
 from ftexp.audit.analyzer import (EventAnalysisError, IncrementalAnalyzer, analyze, cross_replica_weight_checksum,
-                                  raise_on_issues, witness)
-from ftexp.audit.events import (EventLogger, ProcessIdentity,
+                                  inference_engine_weight_checksum_consistency, raise_on_issues, witness)
+from ftexp.audit.events import (EventLogger, InferenceEngineWeightChecksumEvent, ProcessIdentity,
                                 TrainAdvantageComputationEvent, TrainEngineLocalWeightChecksumEvent,
                                 TrainGroupStepEndEvent, WitnessAllocateIdEvent, WitnessSnapshotParamEvent, read_events)
 
@@ -277,3 +277,28 @@ def test_incremental_analysis_reads_each_line_once_and_waits_for_whole_lines(tmp
     with open(main, "a") as f:
         f.write(line[20:] + "\n")
     assert [type(e) for e in analyzer.tail.read_new()] == [TrainGroupStepEndEvent]
+
+
+# ---- inference_engine_weight_checksum_consistency ----------------------------------------------------
+def engine_update(rollout_id, *engines):
+    return InferenceEngineWeightChecksumEvent(rollout_id=rollout_id, engine_checksums=list(engines))
+
+
+def test_engines_with_the_same_weights_pass(tmp_path):
+    same = {"model.norm.weight": "aa", "lm_head.weight": "bb"}
+    log = [engine_update(None, same, dict(same)), engine_update(0, same, same, same)]
+    assert inference_engine_weight_checksum_consistency(log) == []
+    _write(tmp_path, log)
+    assert IncrementalAnalyzer(tmp_path).check() == []
+
+
+def test_an_engine_with_other_weights_is_named(tmp_path):
+    """One engine updated from a different cell (or not at all) holds other tensors than engine 0."""
+    good = {"model.norm.weight": "aa", "lm_head.weight": "bb"}
+    log = [engine_update(3, good, good, {**good, "lm_head.weight": "stale"}), engine_update(4, good, {"x": "1"})]
+    issues = inference_engine_weight_checksum_consistency(log)
+    assert [(i.rollout_id, i.description.split(" differs")[0]) for i in issues] == [(3, "engine_2"), (4, "engine_1")]
+    assert "lm_head.weight" in issues[0].description
+    _write(tmp_path, log)
+    assert sorted(map(str, IncrementalAnalyzer(tmp_path).check())) == sorted(map(str, issues))
+    assert {i.rule for i in analyze(log)} == {"inference_engine_weight_checksum_consistency"}

@@ -11,10 +11,13 @@ state must already span exactly the ranks this process shares data parallelism w
 
 GRPO on Megatron (loss in ``grpo_loss_func``): every sample's loss is the mean over its response
 tokens; a rank's microbatch losses are scaled so that, after the schedule's ``÷ num_microbatches``
-and the DP average, the gradient is the mean over all samples of the rollout — for any split of the
-rollout over ranks and microbatches. Statistics are summed over shards like the torch engine's.
-MoE routers use the sequence-level aux loss, a per-sample term, so it does not depend on how
-samples are grouped into microbatches either (``model.transformer_config``).
+they are the mean over the rank's shard, and the shard's weight ``rows · shards / samples`` (applied
+through Megatron's ``grad_scale_func``, which scales the MoE aux loss too) turns the DP average of
+those means into the mean over all samples of the rollout — for any split of the rollout over
+ranks and microbatches, uneven shards included (3 cells of 86/85/85 samples). Statistics are summed
+over shards like the torch engine's. MoE routers use the sequence-level aux loss, a per-sample term
+averaged over a microbatch's rows, so microbatches hold only real samples (never padding rows) and
+all have the same size.
 """
 
 from __future__ import annotations
@@ -71,7 +74,7 @@ class MegatronReplica:
         self.coords = {"pp": ps.get_pipeline_model_parallel_rank(), "tp": ps.get_tensor_model_parallel_rank(),
                        "cp": ps.get_context_parallel_rank(), "ep": ps.get_expert_model_parallel_rank()}
         self.data_parallel = (ps.get_data_parallel_rank(), ps.get_data_parallel_world_size())
-        self.micro_batch = trainer_cfg.megatron.micro_batch_size
+        self.micro_batch_limit = trainer_cfg.megatron.micro_batch_size
         self.last_rollout_id = -1
         self.has_witness = False
         self._after_grad_sync: Callable[[], None] | None = None
@@ -94,8 +97,11 @@ class MegatronReplica:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         microbatches, seq_len = self._microbatches(batch)
+        rows = batch.tokens.shape[0]
+        shard_weight = rows * num_shards / num_samples  # exactly 1.0 for even shards
+        self.model.config.grad_scale_func = lambda loss: loss * shard_weight
         self._stats = torch.zeros(len(STAT_KEYS))
-        loss_func = partial(grpo_loss_func, loss_scale=len(microbatches) / batch.tokens.shape[0],
+        loss_func = partial(grpo_loss_func, loss_scale=len(microbatches) / rows,
                             stat_scale=1.0 / num_samples, eps_clip=self.cfg.eps_clip, on_stats=self._stats.add_)
         outcome: dict[str, Any] = {}
 
@@ -122,7 +128,7 @@ class MegatronReplica:
             get_forward_backward_func()(
                 forward_step_func=partial(_forward_step, loss_func), data_iterator=iter(microbatches),
                 model=[self.model], num_microbatches=len(microbatches), seq_length=seq_len,
-                micro_batch_size=self.micro_batch, forward_only=False)
+                micro_batch_size=len(microbatches[0]["tokens"]), forward_only=False)
         finally:
             self._after_grad_sync = None
         return outcome["stats"] if outcome["ok"] else None
@@ -133,21 +139,21 @@ class MegatronReplica:
             self._after_grad_sync()
 
     def _microbatches(self, batch: TrainBatch) -> tuple[list[dict[str, torch.Tensor]], int]:
-        """Next-token microbatches of ``micro_batch`` samples, the sequence padded for CP and SP.
+        """Equal next-token microbatches of real samples, the sequence padded for CP and SP.
 
-        The last microbatch is filled up with fully masked rows, so pipeline stages always
-        exchange tensors of one shape.
+        The microbatch size is the largest divisor of the shard's rows up to ``micro_batch_size``:
+        pipeline stages exchange tensors of one shape, and no padding row reaches the MoE aux
+        loss (an uneven shard of 85 rows runs as 5 microbatches of 17).
         """
         tokens = batch.tokens
         rows, width = tokens.shape
         multiple = 2 * self.mode.cp * (self.mode.tp if self.mode.sequence_parallel else 1)
         seq_len = pad_to(width - 1, multiple)
-        count = -(-rows // self.micro_batch)
-        total = count * self.micro_batch
+        size = max(d for d in range(1, min(rows, self.micro_batch_limit) + 1) if rows % d == 0)
 
         def padded(t: torch.Tensor, fill) -> torch.Tensor:
-            out = torch.full((total, seq_len), fill, dtype=t.dtype)
-            out[:rows, : t.shape[1]] = t
+            out = torch.full((rows, seq_len), fill, dtype=t.dtype)
+            out[:, : t.shape[1]] = t
             return out
 
         tokens_per_sample = batch.loss_mask.sum(dim=1, keepdim=True).clamp(min=1.0)
@@ -158,10 +164,9 @@ class MegatronReplica:
             "sample_weight": padded(batch.loss_mask / tokens_per_sample, 0.0),  # per-token share of its sample's mean
             "old_log_probs": padded(batch.old_log_probs, 0.0),
             "advantages": padded(batch.advantages.unsqueeze(1).expand_as(batch.loss_mask), 0.0),
-            "position_ids": torch.arange(seq_len).expand(total, -1).contiguous(),
+            "position_ids": torch.arange(seq_len).expand(rows, -1).contiguous(),
         }
-        return [{k: v[i * self.micro_batch:(i + 1) * self.micro_batch] for k, v in fields.items()}
-                for i in range(count)], seq_len
+        return [{k: v[i:i + size] for k, v in fields.items()} for i in range(0, rows, size)], seq_len
 
     def _grad_buffers(self) -> list[torch.Tensor]:
         return [b.grad_data for b in self.model.buffers + self.model.expert_parallel_buffers]

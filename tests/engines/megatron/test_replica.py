@@ -1,8 +1,8 @@
 """MegatronReplica's step math and state on one rank (a spawned process with its own gloo world).
 
 The GRPO loss is scaled so that a rollout's gradient does not depend on how its samples are
-split over microbatches or over data-parallel shards (cells); the MoE preset's sequence-level
-aux loss is part of that gradient. State dicts round-trip through the heal codec bit for bit.
+split over microbatches or over data-parallel shards (cells), uneven shards included (what 3 cells
+of a 4-cell run train on); the MoE preset's sequence-level aux loss is part of that gradient. State dicts round-trip through the heal codec bit for bit.
 """
 
 import pytest
@@ -32,7 +32,7 @@ def _worker(rank, out_path, port):
 
     def grads(indices, num_shards, micro_batch):
         """[grads, stats] as this shard hands them to the reduce across cells."""
-        replica.micro_batch = micro_batch
+        replica.micro_batch_limit = micro_batch
         replica.zero_grad()
         handed = []
         replica.forward_backward_reduce(make_train_batch(rollout, indices), SAMPLES, num_shards, lambda: None,
@@ -44,6 +44,8 @@ def _worker(rank, out_path, port):
         "one_shard": grads(everything, 1, 4),
         "regrouped": grads(everything, 1, 8),
         "two_shards": grads(strided_shard(SAMPLES, 0, 2), 2, 4) + grads(strided_shard(SAMPLES, 1, 2), 2, 4),
+        # 6/5/5 samples: microbatches of 3 and of 1, no padding rows in the aux loss
+        "three_uneven_shards": sum(grads(strided_shard(SAMPLES, r, 3), 3, 4) for r in range(3)),
     }
     replica.optimizer_step(0)
     replica.zero_grad()
@@ -66,7 +68,7 @@ def results(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("split", ["regrouped", "two_shards"])
+@pytest.mark.parametrize("split", ["regrouped", "two_shards", "three_uneven_shards"])
 def test_gradient_does_not_depend_on_the_split(results, split):
     reference = results["one_shard"]
     assert reference[:-5].abs().max() > 0  # grads (the last 5 entries are the stats)

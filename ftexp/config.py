@@ -44,14 +44,26 @@ class ModelConfig:
             raise InputError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
 
 
+class RolloutBackend(enum.Enum):
+    """What serves generation in a mode with live rollout engines (``mode.rollout_num_engines > 0``)."""
+
+    cpu = "cpu"        # our own sglang-protocol server per engine, a Ray actor (tests, laptops)
+    sglang = "sglang"  # real sglang servers on GPUs
+
+
 @dataclass
 class RolloutConfig:
     rollout_batch_size: int = 32  # prompts per rollout
     n_samples_per_prompt: int = 8
     prompt_len: int = 8
     response_len: int = 16
-    temperature: float = 1.0
-    seed: int = 1234              # the recorded rollouts; conf/config.yaml makes it the experiment's `seed`
+    temperature: float = 1.0      # the recorded rollouts' sampling temperature
+    seed: int = 1234              # prompts and sampling seeds; conf/config.yaml makes it the experiment's `seed`
+    # Live engines: GRPO groups sampled from the current policy through the sglang router.
+    backend: RolloutBackend = RolloutBackend.cpu
+    engine_temperature: float = 0.8
+    engine_top_p: float = 1.0
+    engine_start_timeout_s: float = 120.0
 
 
 class Engine(enum.Enum):
@@ -80,6 +92,9 @@ class ModeConfig:
     train_cpus_per_node: int = 0
     rollout_num_engines: int = 0      # > 0: real rollout engines instead of recorded data
     rollout_gpus_per_engine: int = 0
+    # Set: after the scripted heal the target trains on the baseline's recorded rollouts (still
+    # generating live), if its own generation matches them by more than this mean token ratio.
+    rollout_inject_min_match_ratio: Optional[float] = None
     colocate: bool = False
     ft_components: list[str] = field(default_factory=lambda: ["train"])
     model_preset: str = "tiny_dense"  # CPU-scale stand-in for reference_model

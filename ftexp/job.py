@@ -16,12 +16,22 @@ from ftexp.placement import Placement
 from ftexp.rundir import SideDir, latest_checkpoint
 
 
+@dataclass(frozen=True)
+class RolloutInjection:
+    """Live rollouts from ``start_rollout_id`` on are generated, checked against another run's recorded
+    rollouts (``data_dir``) and replaced by them, so training after a fault sees the same data."""
+
+    data_dir: Path
+    start_rollout_id: int
+    min_match_ratio: float              # the mean response-token match ratio must be strictly above it
+
+
 @dataclass
 class JobSpec:
     side: str                       # "baseline" (plain DP) or "target" (fault-tolerant cells)
     phase: str                      # "" for single-phase scenarios
     side_dir: SideDir
-    data_dir: Path                  # recorded rollouts: <data_dir>/<rollout_id>.pt
+    data_dir: Path                  # the rollouts it trains on: <data_dir>/<rollout_id>.pt (live: it writes them)
     trainer: TrainerConfig          # engine and witness already resolved by ftexp.validate
     mode: ModeConfig                # the parallel layout of a replica and the number of cells
     num_rollout: int                # exclusive end rollout id
@@ -36,6 +46,12 @@ class JobSpec:
     placement: Placement | None = None    # multi-node jobs: which node each rank runs on (None: one node)
     cluster: RayClusterConfig | None = None  # multi-node jobs: how the nodes' Ray cluster forms
     launcher: LauncherConfig | None = None   # multi-node jobs: where a replacement node is submitted
+    inject: RolloutInjection | None = None   # live rollouts replaced by recorded ones (target, after a fault)
+
+    @property
+    def live_rollout(self) -> bool:
+        """Rollouts come from live engines fed with this side's weights, not from recorded files."""
+        return self.mode.rollout_num_engines > 0
 
     @property
     def nodes(self) -> int:

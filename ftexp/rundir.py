@@ -8,6 +8,8 @@ A run is one directory (Hydra's run dir)::
       rollout_data/<id>.pt                               rollouts recorded once; both sides train on them
       <side>/[<phase>/]                                  side ∈ baseline, target; phase "" or phase_a/phase_b
         train.log  submitit/                             the training job's output and submitit's files
+        rollout_data/<id>.pt                             live rollout engines: the rollouts this side trained on
+        engines/model/                                   live rollout engines: HF config + tokenizer they start from
         metrics.jsonl  perf.jsonl  step_sections.jsonl   committed metrics; step wall times and their breakdown (benchmarks only)
         events/<process>.jsonl                           typed events, one file per process
         dumps/fwd_bwd/rollout_<id>/                      weights and reduced grads of every rollout (the
@@ -72,6 +74,16 @@ class SideDir:
     @property
     def events(self) -> Path:
         return self.root / "events"
+
+    @property
+    def rollout_data(self) -> Path:
+        """Live rollout engines: what this side generated and trained on, one file per rollout."""
+        return rollout_data_dir(self.root)
+
+    @property
+    def engine_model(self) -> Path:
+        """Live rollout engines: the HF config and tokenizer every engine (and the router) loads."""
+        return self.root / "engines" / "model"
 
     @property
     def dumps(self) -> Path:

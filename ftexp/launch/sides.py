@@ -11,12 +11,12 @@ import shutil
 from pathlib import Path
 
 from ftexp.config import ExperimentConfig, PhaseConfig
-from ftexp.faults.plan import FaultPlan
+from ftexp.faults.plan import FaultPlan, TestActionKind
 from ftexp.faults.soak import SoakInjection
-from ftexp.job import JobSpec
+from ftexp.job import JobSpec, RolloutInjection
 from ftexp.launch.jobs import run_side_job
 from ftexp.placement import placement_for
-from ftexp.rundir import TARGET, rollout_data_dir, side_dir
+from ftexp.rundir import BASELINE, TARGET, rollout_data_dir, side_dir
 from ftexp.scenarios import load_scenario
 
 
@@ -25,8 +25,10 @@ def job_spec(cfg: ExperimentConfig, run_dir: Path, side: str, phase: PhaseConfig
     target = side == TARGET
     soak = load_scenario(cfg.scenario).is_soak
     placement = placement_for(cfg)
+    own_dir = side_dir(run_dir, side, phase.name)
+    live = cfg.mode.rollout_num_engines > 0
     return JobSpec(
-        side=side, phase=phase.name, side_dir=side_dir(run_dir, side, phase.name), data_dir=rollout_data_dir(run_dir),
+        side=side, phase=phase.name, side_dir=own_dir, data_dir=own_dir.rollout_data if live else rollout_data_dir(run_dir),
         trainer=cfg.trainer, mode=cfg.mode, num_rollout=cfg.scenario.num_rollout,
         plan=FaultPlan(phase.target_actions if target else [], cfg.mode.num_cells, placement),
         deterministic=cfg.scenario.deterministic, seed=cfg.seed,
@@ -36,7 +38,18 @@ def job_spec(cfg: ExperimentConfig, run_dir: Path, side: str, phase: PhaseConfig
         soak=cfg.scenario.soak if target and soak else None,
         placement=placement, cluster=cfg.launcher.ray if placement is not None else None,
         launcher=cfg.launcher if placement is not None else None,
+        inject=_injection(cfg, run_dir, phase) if target else None,
     )
+
+
+def _injection(cfg: ExperimentConfig, run_dir: Path, phase: PhaseConfig) -> RolloutInjection | None:
+    """A live-rollout mode with a match ratio: from the scripted heal on, train on the baseline's rollouts."""
+    ratio = cfg.mode.rollout_inject_min_match_ratio
+    heals = FaultPlan(phase.target_actions, cfg.mode.num_cells).of_kind(TestActionKind.start_cell_at_end)
+    if ratio is None or not heals or cfg.mode.rollout_num_engines == 0:
+        return None
+    return RolloutInjection(data_dir=side_dir(run_dir, BASELINE, phase.name).rollout_data,
+                            start_rollout_id=min(a.at_rollout for a in heals) + 1, min_match_ratio=ratio)
 
 
 def train_sides(cfg: ExperimentConfig, run_dir: Path, sides: tuple[str, ...], only_phase: str | None) -> None:

@@ -11,6 +11,7 @@ train on exactly the same samples and only the training step is compared.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import hashlib
 import os
 import tempfile
@@ -72,8 +73,13 @@ def generate_rollout(model: TinyGPT, rollout_id: int, cfg: RolloutConfig) -> dic
             "loss_mask": [1] * cfg.response_len,
             "rollout_log_probs": log_probs,
         })
-    metadata = {**dataclasses.asdict(cfg), "num_samples": len(samples)}
-    return {"rollout_id": rollout_id, "metadata": metadata, "samples": samples}
+    return {"rollout_id": rollout_id, "metadata": rollout_metadata(cfg, len(samples)), "samples": samples}
+
+
+def rollout_metadata(cfg: RolloutConfig, num_samples: int, **extra: Any) -> dict[str, Any]:
+    """The settings a rollout was generated with, as plain values (the file loads with weights_only)."""
+    settings = {k: v.value if isinstance(v, enum.Enum) else v for k, v in dataclasses.asdict(cfg).items()}
+    return {**settings, "num_samples": num_samples, **extra}
 
 
 def save_rollout(batch: dict[str, Any], path: str | Path) -> None:

@@ -7,8 +7,8 @@ the healed cell received the full state (weights *and* optimizer moments and ste
 a dump comparison alone cannot see optimizer state.
 
 ``inference_engine_weight_checksum_consistency``: after every weight update, all rollout engines
-hold the same weights (each engine's checksums equal engine 0's), so no engine generates from a
-stale or differently sourced policy.
+hold the same weights (each engine's checksums equal engine 0's, and engine 0's those of the weights
+the trainer pushed), so no engine generates from a stale or differently sourced policy.
 
 ``witness``: every cell that committed a rollout must show, in its witness rows, exactly the
 samples of every committed attempt so far — none missing (lost), none extra (a discarded
@@ -98,7 +98,7 @@ def cross_replica_weight_checksum(events: Iterable[Any]) -> list[AnalyzerIssue]:
 
 
 def engine_checksum_issues(event: InferenceEngineWeightChecksumEvent) -> list[AnalyzerIssue]:
-    """Every engine of one update against engine 0, naming the differing tensors."""
+    """Every engine of one update against engine 0, and engine 0 against what the trainer pushed."""
     issues = []
     reference = event.engine_checksums[0] if event.engine_checksums else {}
     for index, checksums in enumerate(event.engine_checksums[1:], start=1):
@@ -107,6 +107,12 @@ def engine_checksum_issues(event: InferenceEngineWeightChecksumEvent) -> list[An
             issues.append(AnalyzerIssue(
                 "inference_engine_weight_checksum_consistency", event.rollout_id,
                 f"engine_{index} differs from engine_0 in {len(differing)} tensors, e.g. {differing[:3]}"))
+    if event.trainer_checksums is not None and event.engine_checksums:
+        differing = _differing_keys(event.trainer_checksums, reference)
+        if differing:
+            issues.append(AnalyzerIssue(
+                "inference_engine_weight_checksum_consistency", event.rollout_id,
+                f"engine_0 does not hold the trainer's weights: {len(differing)} tensors differ, e.g. {differing[:3]}"))
     return issues
 
 

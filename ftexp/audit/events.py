@@ -98,6 +98,19 @@ class InferenceEngineWeightChecksumEvent(_Event):
     type: Literal["inference_engine_weight_checksum"] = "inference_engine_weight_checksum"
     rollout_id: Optional[int]
     engine_checksums: list[dict[str, str]]
+    # The same hashes of the weights the trainer pushed (its HF export), so an engine that kept
+    # stale weights differs from them even when all engines agree with each other.
+    trainer_checksums: Optional[dict[str, str]] = None
+
+
+class RolloutInjectedEvent(_Event):
+    """A live rollout was replaced by another run's recorded one after the match guard passed."""
+
+    type: Literal["rollout_injected"] = "rollout_injected"
+    rollout_id: int
+    num_samples: int
+    match_ratio: float          # mean response-token match ratio, live vs recorded
+    min_match_ratio: float      # the guard's threshold (strictly above)
 
 
 class WitnessAllocateIdEvent(_Event):
@@ -214,6 +227,7 @@ Event = Annotated[
         TrainGroupStepEndEvent,
         TrainEngineLocalWeightChecksumEvent,
         InferenceEngineWeightChecksumEvent,
+        RolloutInjectedEvent,
         WitnessAllocateIdEvent,
         WitnessSnapshotParamEvent,
         TrainAdvantageComputationEvent,

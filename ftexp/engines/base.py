@@ -68,6 +68,10 @@ class Replica(Protocol):
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
+    def export_hf(self) -> dict[str, torch.Tensor] | None:
+        """The replica's full weights by HF tensor name, on its first rank (None on the others): a
+        collective over the replica's ranks. Only engines that can feed live rollout engines have it."""
+
 
 class Engine(Protocol):
     """An engine as the trainer and the config see it."""
@@ -87,6 +91,12 @@ class Engine(Protocol):
 
     def build_replica(self, trainer: TrainerConfig, mode: ModeConfig, *, seed: int, deterministic: bool) -> Replica:
         """Build this rank's replica; a multi-rank replica needs its torch.distributed world up first."""
+
+    def vocab_size(self, mode: ModeConfig) -> int: ...
+
+    def write_hf_model_dir(self, mode: ModeConfig, directory: Path) -> None:
+        """The mode's model as an HF ``config.json``, what live rollout engines build their model from
+        (they receive the weights from the trainer, by HF tensor name, through ``Replica.export_hf``)."""
 
 
 def step_metrics(stats: torch.Tensor, grad_norm: float, lr: float, rollout: dict) -> dict[str, float]:

@@ -76,6 +76,13 @@ class NegativeControl(enum.Enum):
     # The cross-cell reduce folds ((c0 + c1) + c2) + c3 instead of the baseline's pairwise tree:
     # bitwise the same on 2 cells (a + b == b + a), not on 4.
     ascending_cell_fold = "ascending_cell_fold"
+    # Live rollout engines. From the first heal on the trainer pushes nothing (the engines keep
+    # generating from stale weights) ...
+    skip_engine_update_after_heal = "skip_engine_update_after_heal"
+    # ... or leaves the last engine out of its weight-update group (it keeps an older policy) ...
+    stale_engine_after_heal = "stale_engine_after_heal"
+    # ... or sends one square tensor transposed (a broken megatron -> HF conversion).
+    transposed_weight_conversion = "transposed_weight_conversion"
 
 
 def resolve_cell(index: int, num_cells: int) -> int:

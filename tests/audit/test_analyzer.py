@@ -302,3 +302,13 @@ def test_an_engine_with_other_weights_is_named(tmp_path):
     _write(tmp_path, log)
     assert sorted(map(str, IncrementalAnalyzer(tmp_path).check())) == sorted(map(str, issues))
     assert {i.rule for i in analyze(log)} == {"inference_engine_weight_checksum_consistency"}
+
+
+def test_engines_that_agree_on_stale_weights_differ_from_the_trainer():
+    """An update that never reached the engines: they agree with each other, not with the trainer."""
+    stale = {"model.norm.weight": "old", "lm_head.weight": "bb"}
+    event = InferenceEngineWeightChecksumEvent(rollout_id=2, engine_checksums=[stale, stale],
+                                               trainer_checksums={**stale, "model.norm.weight": "new"})
+    issues = inference_engine_weight_checksum_consistency([event])
+    assert len(issues) == 1 and "does not hold the trainer's weights" in issues[0].description
+    assert "model.norm.weight" in issues[0].description

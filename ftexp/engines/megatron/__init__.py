@@ -7,6 +7,7 @@ validated without it.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ftexp.config import ModeConfig, TrainerConfig
@@ -56,6 +57,14 @@ class MegatronEngine:
         from ftexp.engines.megatron.replica import MegatronReplica  # megatron-core, only in the ranks
 
         return MegatronReplica(trainer, mode, seed=seed, deterministic=deterministic)
+
+    def vocab_size(self, mode: ModeConfig) -> int:
+        return PRESETS[mode.model_preset].vocab_size
+
+    def write_hf_model_dir(self, mode: ModeConfig, directory: Path) -> None:
+        from ftexp.engines.megatron.hf_export import write_hf_model_dir  # torch: not for config validation
+
+        write_hf_model_dir(mode.model_preset, directory)
 
 
 ENGINE = MegatronEngine()

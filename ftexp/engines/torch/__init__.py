@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ftexp.config import ModeConfig, TrainerConfig
@@ -24,6 +25,9 @@ class TorchEngine:
         return frozenset()  # TinyGPT: dense, no QK norm
 
     def validate(self, mode: ModeConfig, trainer: TrainerConfig) -> None:
+        if mode.rollout_num_engines:
+            raise InputError(f"mode {mode.name} generates with live rollout engines, which run HF-layout models: "
+                             f"the torch engine's TinyGPT has none (use trainer=megatron)")
         if mode.ranks_per_cell != 1:
             raise InputError(f"mode {mode.name} splits a replica over {mode.ranks_per_cell} ranks "
                              f"(tp={mode.tp} pp={mode.pp} cp={mode.cp}); the torch engine runs one rank per replica")
@@ -32,6 +36,12 @@ class TorchEngine:
         from ftexp.engines.torch.replica import TorchReplica  # torch's model code, only in the ranks
 
         return TorchReplica(trainer, seed=seed)
+
+    def vocab_size(self, mode: ModeConfig) -> int:
+        raise InputError("the torch engine has no live rollout engines (validate refuses such a mode)")
+
+    def write_hf_model_dir(self, mode: ModeConfig, directory: Path) -> None:
+        raise InputError("the torch engine has no live rollout engines (validate refuses such a mode)")
 
 
 ENGINE = TorchEngine()

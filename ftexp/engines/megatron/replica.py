@@ -35,6 +35,7 @@ from ftexp.audit.dumps import remove_dumps_at, write_dump
 from ftexp.engines.base import CLIP_GRAD, STAT_KEYS, rng_state, seed_rngs, set_rng_state, step_metrics
 from ftexp.engines.collectives import sum_across
 from ftexp.engines.grpo import PAD_TOKEN, TrainBatch, ppo_clip
+from ftexp.engines.megatron.hf_export import gather_full_tensors, to_hf
 
 
 def _mp():
@@ -211,6 +212,16 @@ class MegatronReplica:
                              for n, p in self.module.named_parameters()},
             "optimizer_hashes": hashes,
         }
+
+    # ---- weights for rollout engines ----------------------------------------------------------
+    def export_hf(self) -> dict[str, torch.Tensor] | None:
+        """The replica's whole model under HF checkpoint names, on its first rank; None on the others.
+
+        A collective over the replica's ranks: all of them call it together. In a baseline world
+        only DP rank 0's replica gathers; the other DP ranks return None without taking part.
+        """
+        full = gather_full_tensors(self.module, self.global_names)
+        return None if full is None else to_hf(full, self.mode.model_preset)
 
     # ---- state for checkpoints and healing ---------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -1,0 +1,69 @@
+"""The weight-update group: a gloo process group of the weight sender (rank 0) and the engines.
+
+It is made without torch's default process group, so a process may belong to one such group next
+to its own training world, and a new group can replace an old one (the sender changes when a cell
+crashes or heals). The sender hosts a TCPStore; every member builds a ``ProcessGroupGloo`` over
+the store's ``<group_name>/`` prefix (torch's own prefix for named groups) — the constructor returns
+once all ``world_size`` members have connected. Every socket is on 127.0.0.1: the store listens on
+a socket bound to loopback, and gloo's device is pinned to loopback rather than whatever the host
+name resolves to.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import socket
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+LOOPBACK = "127.0.0.1"
+
+
+class StoreMaster:
+    """A TCPStore server on a loopback port of its own (torch would otherwise bind every interface)."""
+
+    def __init__(self, host: str = LOOPBACK) -> None:
+        self.host = host
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.bind((host, 0))
+        self._sock.listen(128)
+        self.port = self._sock.getsockname()[1]
+        self.store = dist.TCPStore(host, self.port, is_master=True, wait_for_workers=False,
+                                   master_listen_fd=self._sock.fileno())
+
+    def close(self) -> None:
+        self.store = None
+        self._sock.close()
+
+
+@dataclass
+class WeightGroup:
+    """One member's handle on a formed group."""
+
+    name: str
+    rank: int
+    world_size: int
+    pg: dist.ProcessGroupGloo = field(repr=False)
+    store: dist.Store = field(repr=False)
+
+    def broadcast(self, tensor: torch.Tensor) -> None:
+        """``dist.broadcast`` from rank 0, in place (rank 0 sends `tensor`, the others receive into it)."""
+        opts = dist.BroadcastOptions()
+        opts.rootRank = 0
+        self.pg.broadcast([tensor], opts).wait()
+
+
+def join(store: dist.Store, name: str, rank: int, world_size: int, timeout_s: float) -> WeightGroup:
+    """Form group `name` as `rank` of `world_size`; blocks until every member joined (or the timeout)."""
+    timeout = dt.timedelta(seconds=timeout_s)
+    options = dist.ProcessGroupGloo._Options()
+    options._timeout = timeout
+    options._devices = [dist.ProcessGroupGloo.create_device(hostname=LOOPBACK)]
+    pg = dist.ProcessGroupGloo(dist.PrefixStore(f"{name}/", store), rank, world_size, options)
+    return WeightGroup(name=name, rank=rank, world_size=world_size, pg=pg, store=store)
+
+
+def store_client(host: str, port: int, timeout_s: float) -> dist.Store:
+    return dist.TCPStore(host, port, is_master=False, timeout=dt.timedelta(seconds=timeout_s))

@@ -151,3 +151,8 @@ class FaultPlan:
 
     def of_kind(self, kind: TestActionKind) -> list[PlannedAction]:
         return [a for a in self.actions if a.action == kind]
+
+    def first_heal_rollout(self) -> int | None:
+        """The rollout whose refresh heals the first cell started again (the one after its start action)."""
+        starts = self.of_kind(TestActionKind.start_cell_at_end)
+        return min(a.at_rollout for a in starts) + 1 if starts else None

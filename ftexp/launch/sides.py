@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 from ftexp.config import ExperimentConfig, PhaseConfig
-from ftexp.faults.plan import FaultPlan, TestActionKind
+from ftexp.faults.plan import FaultPlan
 from ftexp.faults.soak import SoakInjection
 from ftexp.job import JobSpec, RolloutInjection
 from ftexp.launch.jobs import run_side_job
@@ -45,11 +45,11 @@ def job_spec(cfg: ExperimentConfig, run_dir: Path, side: str, phase: PhaseConfig
 def _injection(cfg: ExperimentConfig, run_dir: Path, phase: PhaseConfig) -> RolloutInjection | None:
     """A live-rollout mode with a match ratio: from the scripted heal on, train on the baseline's rollouts."""
     ratio = cfg.mode.rollout_inject_min_match_ratio
-    heals = FaultPlan(phase.target_actions, cfg.mode.num_cells).of_kind(TestActionKind.start_cell_at_end)
-    if ratio is None or not heals or cfg.mode.rollout_num_engines == 0:
+    heal = FaultPlan(phase.target_actions, cfg.mode.num_cells).first_heal_rollout()
+    if ratio is None or heal is None or cfg.mode.rollout_num_engines == 0:
         return None
     return RolloutInjection(data_dir=side_dir(run_dir, BASELINE, phase.name).rollout_data,
-                            start_rollout_id=min(a.at_rollout for a in heals) + 1, min_match_ratio=ratio)
+                            start_rollout_id=heal, min_match_ratio=ratio)
 
 
 def train_sides(cfg: ExperimentConfig, run_dir: Path, sides: tuple[str, ...], only_phase: str | None) -> None:

@@ -20,12 +20,13 @@ from ftexp.config import ExperimentConfig, PhaseConfig
 from ftexp.engines.registry import get_engine
 from ftexp.faults.plan import FaultPlan, TestActionKind
 from ftexp.placement import placement_for
-from ftexp.rundir import BASELINE, TARGET, dump_leaf_name, side_dir
+from ftexp.rundir import BASELINE, TARGET, SideDir, dump_leaf_name, side_dir
 from ftexp.scenarios.cell_dumps import check_cell_dumps
 from ftexp.scenarios.checks import (check_event_rules, check_faults, check_leaves, check_placement,
                                     check_target_commits, recovery_timings)
 from ftexp.scenarios.resume import resume_checks
 from ftexp.verify.dumps import compare_dumps
+from ftexp.verify.engines import check_engine_updates, check_injections, compare_inference_engine_checksums
 from ftexp.verify.inventory import compare_inventories
 from ftexp.verify.metrics import compare_metrics
 from ftexp.verify.reconfigure import ReconfigureInfo, check_reconfigure_events
@@ -155,8 +156,27 @@ def check_phase(cfg: ExperimentConfig, run_dir: Path, phase: PhaseConfig, expect
         checks.append(check_placement(targ.events, placement, f"{label}placement"))
     checks.append(check_event_rules(targ.events, f"{label}target_event_analyzer", audit=cfg.trainer.audit,
                                     expect_witness=cfg.trainer.witness_on))
+    if cfg.mode.rollout_num_engines:
+        checks += _engine_checks(cfg, base, targ, phase, expected.rollouts, label)
     if expected.target_reconfigures:
         checks.append(recovery_timings(targ.events, f"{label}recovery"))
+    return checks
+
+
+def _engine_checks(cfg: ExperimentConfig, base: SideDir, targ: SideDir, phase: PhaseConfig, rollouts: list[int],
+                   label: str) -> list[CheckResult]:
+    """Live rollout engines: each side fed its engines after every rollout; deterministic runs fed
+    both sides' engines the same bits; the planned injections passed the match guard."""
+    engines = cfg.mode.rollout_num_engines
+    checks = [check_engine_updates(side.events, rollouts, engines, f"{label}{name}_engine_updates")
+              for name, side in ((BASELINE, base), (TARGET, targ))]
+    if cfg.scenario.deterministic:
+        checks.append(compare_inference_engine_checksums(base.events, targ.events, f"{label}engine_checksums"))
+    ratio = cfg.mode.rollout_inject_min_match_ratio
+    heal = FaultPlan(phase.target_actions, cfg.mode.num_cells).first_heal_rollout()
+    if ratio is not None and heal is not None:
+        checks.append(check_injections(targ.events, [r for r in rollouts if r >= heal], ratio,
+                                       f"{label}rollout_injection"))
     return checks
 
 

@@ -10,6 +10,8 @@ None for the initial sync). Two checks read them, both fail closed:
 * ``compare_inference_engine_checksums`` (baseline vs target): per rollout id, engine 0 of each
   side holds bitwise-identical weights. Only deterministic runs can demand that; the engine
   counts of the sides may differ.
+* ``check_injections`` (target): the rollouts planned to train on the baseline's recorded data did,
+  each after its live generation matched that data (the match ratio is reported).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ftexp.audit.analyzer import engine_checksum_issues
-from ftexp.audit.events import InferenceEngineWeightChecksumEvent, read_events
+from ftexp.audit.events import InferenceEngineWeightChecksumEvent, RolloutInjectedEvent, read_events
 from ftexp.verify.report import CheckResult
 
 SHOWN = 5
@@ -78,3 +80,16 @@ def compare_inference_engine_checksums(baseline_events: Path, target_events: Pat
     summary = (f"{len(compared)} rollouts compared, engine 0 of each side; {len(issues)} issue(s)"
                + (f": {issues[0]}" if issues else ""))
     return CheckResult(name, not issues, summary, {"rollouts": compared, "issues": issues[:50]})
+
+
+def check_injections(events_dir: Path, rollouts: list[int], min_match_ratio: float, name: str) -> CheckResult:
+    """Each of ``rollouts`` was generated live and replaced by the recorded one only after the match guard."""
+    injected = {e.rollout_id: e for e in read_events(events_dir) if isinstance(e, RolloutInjectedEvent)}
+    issues = [f"rollout {r}: no injection" for r in rollouts if r not in injected]
+    issues += [f"rollout {r}: injected at match ratio {e.match_ratio:.3f}, not above {min_match_ratio}"
+               for r, e in sorted(injected.items()) if not e.match_ratio > min_match_ratio]
+    issues += [f"rollout {r}: injected, but no injection was planned there" for r in sorted(injected) if r not in rollouts]
+    ratios = {r: round(e.match_ratio, 4) for r, e in sorted(injected.items())}
+    summary = (f"rollouts {sorted(injected)} trained on the baseline's recorded rollouts; mean token match ratios "
+               f"{ratios} (must be > {min_match_ratio})" + (f"; {issues[0]}" if issues else ""))
+    return CheckResult(name, not issues, summary, {"match_ratios": ratios, "issues": issues})

@@ -1,7 +1,7 @@
 """Engine weight checks on crafted event logs: a sound log passes, each planted fault is named."""
 
-from ftexp.audit.events import EventLogger, InferenceEngineWeightChecksumEvent, ProcessIdentity
-from ftexp.verify.engines import check_engine_updates, compare_inference_engine_checksums
+from ftexp.audit.events import EventLogger, InferenceEngineWeightChecksumEvent, ProcessIdentity, RolloutInjectedEvent
+from ftexp.verify.engines import check_engine_updates, check_injections, compare_inference_engine_checksums
 
 W0 = {"model.norm.weight": "a0", "lm_head.weight": "b0"}
 W1 = {"model.norm.weight": "a1", "lm_head.weight": "b1"}
@@ -52,3 +52,21 @@ def test_no_events_on_a_side_fails_closed(tmp_path):
     (tmp_path / "t").mkdir()
     check = compare_inference_engine_checksums(base, tmp_path / "t", "engines_vs_baseline")
     assert not check.passed and "target: no engine checksum events" in check.details["issues"]
+
+
+def inject(events_dir, *ratios):
+    logger = EventLogger(events_dir, ProcessIdentity(component="main"))
+    for rollout_id, ratio in ratios:
+        logger.log(RolloutInjectedEvent(rollout_id=rollout_id, num_samples=8, match_ratio=ratio, min_match_ratio=0.5))
+    return events_dir
+
+
+def test_planned_injections_above_the_ratio_pass_and_report_it(tmp_path):
+    check = check_injections(inject(tmp_path, (3, 0.71)), [3], 0.5, "injections")
+    assert check.passed and check.details["match_ratios"] == {3: 0.71}
+
+
+def test_a_missing_or_unplanned_or_low_injection_fails(tmp_path):
+    assert not check_injections(inject(tmp_path / "a"), [3], 0.5, "injections").passed
+    assert not check_injections(inject(tmp_path / "b", (2, 0.9), (3, 0.9)), [3], 0.5, "injections").passed
+    assert not check_injections(inject(tmp_path / "c", (3, 0.5)), [3], 0.5, "injections").passed  # strictly above

@@ -45,7 +45,7 @@ def _fused_experts(model) -> dict[str, tuple[torch.nn.Parameter, torch.nn.Parame
 
 def _target(name: str, params: dict[str, torch.nn.Parameter], fused: dict, model) -> torch.Tensor:
     """The view of the model's storage that checkpoint tensor `name` is."""
-    if name in params:
+    if name in params and name.rsplit(".", 1)[0] not in fused:  # a fused parameter is not a checkpoint name
         return params[name]
     match = _EXPERT.match(name)
     if match and match["experts"] in fused:

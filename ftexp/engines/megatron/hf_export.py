@@ -8,8 +8,9 @@ untied embeddings), and the conversion only re-lays tensors out:
 * ``linear_qkv`` holds, per query group, that group's query heads, then its key head, then its
   value head: it is split group by group into ``q_proj`` / ``k_proj`` / ``v_proj``;
 * ``linear_fc1`` (dense and per expert) is ``[gate; up]``: it splits into ``gate_proj`` / ``up_proj``;
-* the MoE router is ``mlp.gate``; Megatron routes with top-k over the logits and a softmax over the
-  chosen k, which is HF's softmax over all experts, top-k and renormalise (``norm_topk_prob``).
+* the MoE router is ``mlp.gate``; Megatron's default routing (top-k over the logits, then a
+  softmax over the chosen k) is HF's softmax over all experts, top-k and renormalise
+  (``norm_topk_prob``); with ``moe_router_pre_softmax`` it is the same without renormalising.
 
 `hf_config` derives the ``config.json`` from the Megatron config the engine builds (epsilon, RoPE
 base, sizes) and refuses a Megatron setting the HF model cannot express. `to_hf` converts unsplit
@@ -55,23 +56,25 @@ def _megatron_config(preset_name: str):
     from ftexp.engines.megatron.model import transformer_config
 
     config = transformer_config(_preset(preset_name), ModeConfig(name="hf_export", num_cells=1))
-    unsupported = {
+    differences = {  # setting -> whether it differs from what the HF model computes
+        "normalization": config.normalization != "RMSNorm",
+        "qk_layernorm": not config.qk_layernorm,
+        "gated_linear_unit": not config.gated_linear_unit,
+        "activation_func": config.activation_func is not torch.nn.functional.silu,
         "rotary_interleaved": config.rotary_interleaved,  # HF rotates halves, not even/odd pairs
+        "softmax_scale": config.softmax_scale is not None,  # HF scales by head_dim ** -0.5
         "layernorm_zero_centered_gamma": config.layernorm_zero_centered_gamma,
         "add_bias_linear": config.add_bias_linear,
         "add_qkv_bias": config.add_qkv_bias,
-        "moe_router_pre_softmax": config.moe_router_pre_softmax,  # would weight by unnormalised probs
-        "moe_shared_expert_intermediate_size": config.moe_shared_expert_intermediate_size,
-        "moe_router_topk_scaling_factor": config.moe_router_topk_scaling_factor,
+        "moe_router_score_function": config.moe_router_score_function != "softmax",
+        "moe_router_group_topk": bool(config.moe_router_group_topk),
+        "moe_router_topk_scaling_factor": bool(config.moe_router_topk_scaling_factor),
         "moe_router_enable_expert_bias": config.moe_router_enable_expert_bias,
+        "moe_shared_expert_intermediate_size": bool(config.moe_shared_expert_intermediate_size),
     }
-    unsupported = {k: v for k, v in unsupported.items() if v}
-    if (config.normalization != "RMSNorm" or not config.qk_layernorm or not config.gated_linear_unit
-            or config.moe_router_score_function != "softmax" or unsupported):
-        raise ValueError(f"preset {preset_name}: the Megatron model is not Qwen3-shaped "
-                         f"(normalization={config.normalization}, qk_layernorm={config.qk_layernorm}, "
-                         f"gated_linear_unit={config.gated_linear_unit}, "
-                         f"router={config.moe_router_score_function}, also set: {sorted(unsupported)})")
+    if any(differences.values()):
+        raise ValueError(f"preset {preset_name}: the Megatron model is not a Qwen3 model in "
+                         f"{', '.join(k for k, v in differences.items() if v)}")
     return config
 
 
@@ -123,7 +126,8 @@ def hf_config(preset_name: str) -> dict:
             "num_experts": preset.num_experts,
             "num_experts_per_tok": config.moe_router_topk,
             "moe_intermediate_size": config.moe_ffn_hidden_size,
-            "norm_topk_prob": True,  # see the module docstring
+            # Megatron's pre-softmax routing weights by the unrenormalised probabilities.
+            "norm_topk_prob": not config.moe_router_pre_softmax,
             "decoder_sparse_step": 1,  # every layer is MoE
             "mlp_only_layers": [],
             "router_aux_loss_coef": config.moe_aux_loss_coeff,

@@ -218,7 +218,8 @@ class MegatronReplica:
         """The replica's whole model under HF checkpoint names, on its first rank; None on the others.
 
         A collective over the replica's ranks: all of them call it together. In a baseline world
-        only DP rank 0's replica gathers; the other DP ranks return None without taking part.
+        every rank calls it: only DP rank 0's replica assembles the model, the other DP ranks just
+        gather their experts (an expert-parallel group may span DP ranks) and return None.
         """
         full = gather_full_tensors(self.module, self.global_names)
         return None if full is None else to_hf(full, self.mode.model_preset)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from ftexp.config import ExperimentConfig, Stage
 from ftexp.engines.registry import MODEL_FEATURES, get_engine
 from ftexp.errors import InputError
+from ftexp.rollout.tokenizer import VOCAB_SIZE as TOKENIZER_VOCAB_SIZE
 from ftexp.scenarios import load_scenario
 from ftexp.verify.dumps import compile_pattern, parse_rules
 
@@ -77,6 +78,23 @@ def validate_thresholds(cfg: ExperimentConfig) -> None:
             compile_pattern(pattern, f"threshold.{what}")
 
 
+def validate_live_rollout(cfg: ExperimentConfig) -> None:
+    """Live engines run the policy in HF layout with the ASCII tokenizer; generation must fit the model."""
+    rollout, engine = cfg.trainer.rollout, get_engine(cfg.trainer.engine)
+    vocab = engine.vocab_size(cfg.mode)
+    if vocab != TOKENIZER_VOCAB_SIZE:
+        raise InputError(f"mode {cfg.mode.name}: live rollout engines tokenize ASCII ({TOKENIZER_VOCAB_SIZE} tokens); "
+                         f"the model's vocabulary has {vocab}")
+    if rollout.engine_temperature <= 0 or not 0 < rollout.engine_top_p <= 1:
+        raise InputError(f"trainer.rollout: engine_temperature must be > 0 and engine_top_p in (0, 1], got "
+                         f"{rollout.engine_temperature} and {rollout.engine_top_p}")
+    if cfg.launcher.nodes > 1:
+        raise InputError(f"mode {cfg.mode.name}: live rollout engines run on one node (launcher.nodes=1)")
+    ratio = cfg.mode.rollout_inject_min_match_ratio
+    if ratio is not None and not 0 <= ratio < 1:
+        raise InputError(f"mode {cfg.mode.name}: rollout_inject_min_match_ratio must be in [0, 1), got {ratio}")
+
+
 def validate(cfg: ExperimentConfig) -> None:
     """Resolve the dependent defaults, then check everything that spans groups. Raises InputError."""
     resolve_defaults(cfg)
@@ -95,6 +113,8 @@ def validate(cfg: ExperimentConfig) -> None:
     if cfg.trainer.witness_on and cfg.trainer.witness_buffer_size < samples:
         raise InputError(f"trainer.witness_buffer_size={cfg.trainer.witness_buffer_size} is smaller than the "
                          f"{samples} samples of a rollout: raise it (or set trainer.enable_witness=false)")
+    if mode.rollout_num_engines:
+        validate_live_rollout(cfg)
     validate_phases(cfg)
     scenario = load_scenario(cfg.scenario)
     scenario.check_plan(cfg)

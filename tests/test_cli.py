@@ -19,10 +19,14 @@ from ftexp_runner import run_ftexp
     (["mode=dp2_cp2_tp2_ep2", "mode.ep=3"], "ep=3 must divide"),
     (["mode=dp2_cp2_tp2_ep2", "mode.sequence_parallel=false"], "needs sequence_parallel=true"),
     (["mode=dp2", "trainer.engine=megatron", "mode.model_preset=huge"], "unknown model_preset 'huge'"),
-    (["mode=dp2_cp2_real_rollout"], "rollout engines are not built yet"),
+    (["mode=dp2_cp2_real_rollout", "trainer.rollout.engine_temperature=0"], "engine_temperature must be > 0"),
+    (["mode=dp2_cp2_real_rollout", "mode.model_preset=tiny_moe_5layer", "mode.rollout_inject_min_match_ratio=1.5"],
+     "rollout_inject_min_match_ratio must be in [0, 1)"),
+    (["mode=colocate_dp2_cp2_rollout_ft"], "rollout engines colocated with the trainer (offloading between them is not "
+     "built yet)"),
     (["mode=6node_dp4_cp2_tp2_pp2_ep2_etp2"], "needs 4 train nodes (launcher=local is one machine: use launcher=slurm); "
-     "and 2 rollout engines on 2 rollout nodes (ftexp trains on recorded rollouts only; rollout engines are not built "
-     "yet); and expert-TP 2"),
+     "and 2 rollout engines on 2 rollout nodes (live engines run beside the trainer on one node; placing them on nodes "
+     "of their own is not built yet); and expert-TP 2"),
     (["mode=dp2", "launcher.nodes=2"], "launcher.nodes=2 needs launcher=slurm"),
     (["mode=dp2", "scenario=node_failure"], "needs launcher=slurm launcher.nodes>=2"),
     (["stage=compare"], "stage=compare needs run_dir"),

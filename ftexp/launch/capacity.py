@@ -49,9 +49,11 @@ def check_capacity(cfg: ExperimentConfig) -> None:
         rollout_nodes = 0
         if not mode.colocate and mode.train_gpus_per_node:
             rollout_nodes = -(-mode.rollout_num_engines * mode.rollout_gpus_per_engine // mode.train_gpus_per_node)
-        where = f" on {rollout_nodes} rollout nodes" if rollout_nodes else ""
-        reasons.append(f"{mode.rollout_num_engines} rollout engines{where} (ftexp trains on recorded rollouts only; "
-                       f"rollout engines are not built yet)")
+        if nodes > 1 or rollout_nodes > 1:
+            reasons.append(f"{mode.rollout_num_engines} rollout engines on {rollout_nodes} rollout nodes (live engines "
+                           f"run beside the trainer on one node; placing them on nodes of their own is not built yet)")
+        if mode.colocate:
+            reasons.append("rollout engines colocated with the trainer (offloading between them is not built yet)")
     if mode.etp > 1 and not torch.cuda.is_available():
         reasons.append(f"expert-TP {mode.etp}, which needs unevenly sized all-gathers that gloo cannot do on CPU "
                        f"(set mode.etp=1)")

@@ -17,8 +17,8 @@ def _cfg(*overrides: str) -> ExperimentConfig:
 
 @pytest.mark.parametrize("nodes, message", [
     (2, "needs 4 train nodes (launcher=slurm has 2); and 2 rollout engines on 2 rollout nodes"),
-    (6, "needs 2 rollout engines on 2 rollout nodes (ftexp trains on recorded rollouts only; rollout engines are "
-        "not built yet); and expert-TP 2"),
+    (6, "needs 2 rollout engines on 2 rollout nodes (live engines run beside the trainer on one node; placing them "
+        "on nodes of their own is not built yet); and expert-TP 2"),
 ])
 def test_the_six_node_mode_names_every_remaining_reason(monkeypatch, nodes, message):
     monkeypatch.setattr(capacity, "available_nodes", lambda cfg: nodes)

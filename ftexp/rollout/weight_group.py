@@ -34,8 +34,10 @@ class StoreMaster:
                                    master_listen_fd=self._sock.fileno())
 
     def close(self) -> None:
+        # The store server owns the listening socket from now on and closes it when it goes away
+        # (the last member's handle on it dropped); closing it here too would close a stranger's fd.
         self.store = None
-        self._sock.close()
+        self._sock.detach()
 
 
 @dataclass

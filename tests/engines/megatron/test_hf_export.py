@@ -2,8 +2,9 @@
 
 A one-rank Megatron replica of each preset (norm weights scrambled, so a misplaced norm shows)
 computes logits for fixed tokens; its weights go through `MegatronReplica.export_hf` into a
-transformers model built from `hf_config`, which must give the same logits. Planted conversion
-bugs must not. Multi-rank replicas (TP, SP, PP, EP, CP, and a baseline's DP) loaded with the same
+transformers model built from `hf_config`, which must give the same logits, as must the checkpoint
+directory `write_hf_model_dir` writes, loaded by transformers' own ``from_pretrained``. Planted
+conversion bugs must not. Multi-rank replicas (TP, SP, PP, EP, CP, and a baseline's DP) loaded with the same
 full weights must export exactly the one-rank tensors.
 """
 
@@ -99,6 +100,21 @@ def test_hf_model_gives_megatrons_logits(one_rank, preset, tmp_path):
     print(f"{preset}: max |HF - Megatron| logit = {diff:.2e} (logits ~{run['logits'].abs().max():.2f}); "
           f"export_hf {run['export_s'] * 1e3:.1f} ms")
     assert diff <= LOGIT_ATOL
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", [DENSE, MOE])
+def test_written_checkpoint_dir_loads_with_transformers_own_loader(one_rank, preset, tmp_path, monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    run = one_rank[preset]
+    directory = write_hf_model_dir(preset, tmp_path / "checkpoint", weights=run["hf"])
+    model = AutoModelForCausalLM.from_pretrained(str(directory), local_files_only=True).eval()
+    assert model.dtype == torch.float32
+    with torch.no_grad():
+        logits = model(input_ids=run["tokens"]).logits
+    assert (logits - run["logits"]).abs().max().item() <= LOGIT_ATOL
 
 
 def _transpose(weights, name):

@@ -195,7 +195,7 @@ class ThresholdConfig:
 class MegatronConfig:
     """Settings of the megatron engine (its model comes from the mode's ``model_preset``)."""
 
-    micro_batch_size: int = 32            # samples per microbatch of Megatron's schedule
+    micro_batch_size: int = 32            # samples per microbatch of Megatron's schedule (the nearest divisor of a shard)
 
 
 class ChecksumKind(enum.Enum):

@@ -22,6 +22,7 @@ all have the same size.
 
 from __future__ import annotations
 
+import math
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable
@@ -75,7 +76,7 @@ class MegatronReplica:
         self.coords = {"pp": ps.get_pipeline_model_parallel_rank(), "tp": ps.get_tensor_model_parallel_rank(),
                        "cp": ps.get_context_parallel_rank(), "ep": ps.get_expert_model_parallel_rank()}
         self.data_parallel = (ps.get_data_parallel_rank(), ps.get_data_parallel_world_size())
-        self.micro_batch_limit = trainer_cfg.megatron.micro_batch_size
+        self.micro_batch_target = trainer_cfg.megatron.micro_batch_size
         self.last_rollout_id = -1
         self.has_witness = False
         self._after_grad_sync: Callable[[], None] | None = None
@@ -142,15 +143,18 @@ class MegatronReplica:
     def _microbatches(self, batch: TrainBatch) -> tuple[list[dict[str, torch.Tensor]], int]:
         """Equal next-token microbatches of real samples, the sequence padded for CP and SP.
 
-        The microbatch size is the largest divisor of the shard's rows up to ``micro_batch_size``:
-        pipeline stages exchange tensors of one shape, and no padding row reaches the MoE aux
-        loss (an uneven shard of 85 rows runs as 5 microbatches of 17).
+        The microbatch size is the divisor of the shard's rows nearest to ``micro_batch_size`` (by
+        ratio): pipeline stages exchange tensors of one shape, and no padding row reaches the MoE aux
+        loss. An even shard of 64 rows runs as 2 microbatches of 32; the uneven shards of 3 cells,
+        86 and 85 rows, as 2 of 43 and 5 of 17 (a nearest divisor below would make 86 rows 43
+        microbatches of 2, and that cell the straggler its peers time out on).
         """
         tokens = batch.tokens
         rows, width = tokens.shape
         multiple = 2 * self.mode.cp * (self.mode.tp if self.mode.sequence_parallel else 1)
         seq_len = pad_to(width - 1, multiple)
-        size = max(d for d in range(1, min(rows, self.micro_batch_limit) + 1) if rows % d == 0)
+        size = min((d for d in range(1, rows + 1) if rows % d == 0),
+                   key=lambda d: (abs(math.log(d / self.micro_batch_target)), d))
 
         def padded(t: torch.Tensor, fill) -> torch.Tensor:
             out = torch.full((rows, seq_len), fill, dtype=t.dtype)

@@ -32,7 +32,7 @@ def _worker(rank, out_path, port):
 
     def grads(indices, num_shards, micro_batch):
         """[grads, stats] as this shard hands them to the reduce across cells."""
-        replica.micro_batch_limit = micro_batch
+        replica.micro_batch_target = micro_batch
         replica.zero_grad()
         handed = []
         replica.forward_backward_reduce(make_train_batch(rollout, indices), SAMPLES, num_shards, lambda: None,
@@ -44,7 +44,7 @@ def _worker(rank, out_path, port):
         "one_shard": grads(everything, 1, 4),
         "regrouped": grads(everything, 1, 8),
         "two_shards": grads(strided_shard(SAMPLES, 0, 2), 2, 4) + grads(strided_shard(SAMPLES, 1, 2), 2, 4),
-        # 6/5/5 samples: microbatches of 3 and of 1, no padding rows in the aux loss
+        # 6/5/5 samples: microbatches of 3 and of 5, no padding rows in the aux loss
         "three_uneven_shards": sum(grads(strided_shard(SAMPLES, r, 3), 3, 4) for r in range(3)),
     }
     replica.optimizer_step(0)

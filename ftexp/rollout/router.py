@@ -82,7 +82,8 @@ class Router:
                     ready = http.get(f"{self.url}/readiness").json()
                     if ready.get("healthy_workers") == workers:
                         return
-                    last = f"{ready.get('healthy_workers')} of {workers} workers healthy"
+                    last = (f"{ready['healthy_workers']} of {workers} workers healthy" if "healthy_workers" in ready
+                            else ready.get("reason", str(ready)))
                 except (httpx.HTTPError, ValueError) as exc:
                     last = type(exc).__name__
                 if time.monotonic() > deadline:

@@ -5,8 +5,13 @@
        └───────────────────────────────── start ────────────────────────────────────┘
 
 Any failed call on a cell marks it Errored, kills its actors and waits until Ray confirms they
-are dead, so a failure always ends in Stopped. ``start`` only moves a Stopped cell
-back to Pending; the real start (new actors + healing) happens at the group's next refresh.
+are dead, so a failure always ends in Stopped. ``start`` moves a Stopped cell back to Pending and
+already creates the next incarnation's actors — Ray starts their processes in the background — so
+the heal at the group's next refresh does not wait for a process start; the cell stays Pending
+(not yet part of any quorum) until that refresh allocates it.
+
+Every actor runs a ``lifeline`` call that never returns: it fails the moment Ray learns the
+actor's process is gone, which lets the group notice a death between calls, not only at the next one.
 """
 
 from __future__ import annotations
@@ -62,13 +67,20 @@ class Cell:
     actors: list[Any] = field(default_factory=list)
     info: IndepDPInfo | None = None
     incarnation: int = 0
+    lifelines: list[ray.ObjectRef] = field(default_factory=list)  # one pending ``lifeline`` call per actor
 
     # ---- transitions ------------------------------------------------------------------------
     def allocate(self) -> None:
+        """Pending → Allocated: take the actors ``start`` created, or create them now (the first start)."""
         self._expect(CellState.PENDING)
+        if not self.actors:
+            self._create_actors()
+        self.state = CellState.ALLOCATED
+
+    def _create_actors(self) -> None:
         self.incarnation += 1
         self.actors = self.make_actors(self.index, self.incarnation)
-        self.state = CellState.ALLOCATED
+        self.lifelines = [a.lifeline.remote() for a in self.actors]
 
     def mark_alive(self, info: IndepDPInfo) -> None:
         self._expect(CellState.ALLOCATED, CellState.ALIVE)
@@ -79,7 +91,9 @@ class Cell:
         self.state = CellState.ERRORED
 
     def stop(self) -> None:
-        """Kill the actors (no wait) and become Stopped. Stopping a Stopped cell is a no-op."""
+        """Kill the actors (no wait; a Pending cell's early-started ones too) and become Stopped.
+
+        Stopping a Stopped cell is a no-op."""
         if self.state == CellState.STOPPED:
             log.info("cell %d already stopped", self.index)
             return
@@ -88,11 +102,12 @@ class Cell:
         self.state, self.info = CellState.STOPPED, None
 
     def start(self) -> None:
-        """Stopped → Pending; a no-op from any other state."""
+        """Stopped → Pending, creating the next incarnation's actors; a no-op from any other state."""
         if self.state != CellState.STOPPED:
             log.info("cell %d is %s; start is a no-op", self.index, self.state.value)
             return
-        self.state, self.actors = CellState.PENDING, []
+        self._create_actors()
+        self.state = CellState.PENDING
 
     # ---- calls --------------------------------------------------------------------------------
     def submit(self, method: str, *args: Any, **kwargs: Any) -> list[ray.ObjectRef]:

@@ -8,6 +8,10 @@ rank-within-cell across all alive cells form the cross-cell group: a torchft
 id means a new group; a group that failed once is never used again (the next refresh replaces
 it). A step commits only if every rank of the cell reduced successfully (``cell_agrees``), and a
 healing source's rank r sends its own shard of the state to rank r of the healed cell.
+
+Every cross-cell wait — the group's rendezvous, the reduce, the state transfer — can be released
+by the driver: once it has seen a member of quorum q die, quorum q can never complete a
+collective, so the rank gives up on it at once instead of waiting out the timeout.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from ftexp.trainer import transfer
 from ftexp.trainer.cell import IndepDPInfo
 from ftexp.trainer.checkpoint import complete_checkpoint, load_rank_state, save_rank_state
 from ftexp.trainer.nodes import set_off_node_fault
+from ftexp.trainer.rollout_engines import WeightPush, WeightPusher
 from ftexp.trainer.step import SectionTimer, record_metrics, record_sections, train_step
 
 log = logging.getLogger(__name__)
@@ -53,11 +58,11 @@ class CollectiveReleased(RuntimeError):
 def run_releasable(collective: Callable[[], None], released: threading.Event) -> None:
     """Run a blocking cross-cell collective, but give up as soon as ``released`` is set.
 
-    A gloo collective cannot be interrupted: with a dead peer it returns only at its timeout. The
-    driver learns of the death at once (Ray reports it) and sets ``released`` through an RPC that
-    runs beside the training call; the rank then stops waiting and voids the attempt. The
-    abandoned thread ends at the collective's timeout and writes only into the attempt's own flat
-    buffer, which nobody reads again, on a group that is never used again.
+    A gloo collective (or rendezvous) cannot be interrupted: with a dead peer it returns only at its
+    timeout. The driver learns of the death at once (Ray reports it) and sets ``released`` through
+    an RPC that runs beside the blocked call; the rank then stops waiting and voids the attempt. The
+    abandoned thread ends at the collective's timeout and writes only into buffers (or a group
+    object) that nobody reads again, on a quorum that is never used again.
     """
     done, errors = threading.Event(), []
 
@@ -77,9 +82,9 @@ def run_releasable(collective: Callable[[], None], released: threading.Event) ->
         raise errors[0]
 
 
-# Heartbeats and fault injection get their own concurrency groups, so they are served while a
-# training call is blocked (e.g. in a collective waiting for a dead peer).
-@ray.remote(num_cpus=0, max_restarts=0, concurrency_groups={"heartbeat": 1, "fault_injector": 1})
+# Heartbeats, releases, fault injection and the lifeline get their own concurrency groups, so they
+# are served while a training call is blocked (e.g. in a collective waiting for a dead peer).
+@ray.remote(num_cpus=0, max_restarts=0, concurrency_groups={"heartbeat": 1, "fault_injector": 1, "lifeline": 1})
 class CellRank:
     def __init__(self, spec: JobSpec, cell_index: int, rank_within_cell: int, store_addr: str, incarnation: int = 0):
         logging.basicConfig(level=logging.INFO, stream=sys.stdout, force=True,
@@ -99,8 +104,12 @@ class CellRank:
         self.replica = engine.build_replica(spec.trainer, spec.mode, seed=spec.seed, deterministic=spec.deterministic)
         self.info: IndepDPInfo | None = None
         self.pg: ProcessGroupGloo | None = None
-        self.released = threading.Event()  # set once the driver saw a peer of this quorum die
+        # quorum id -> set once the driver saw a member of that quorum die. Kept per quorum, so a
+        # release that overtakes the call it is meant for (they run on different threads) still holds.
+        self._released: dict[int, threading.Event] = {}
+        self._released_lock = threading.Lock()
         self.last_active, self.bump_count = time.time(), 0
+        self.weight_pusher: WeightPusher | None = None  # live rollout engines: made on the first push
 
     def _join_cell_world(self, incarnation: int) -> None:
         host, port = self.store_addr.rsplit(":", 1)
@@ -124,38 +133,61 @@ class CellRank:
         sys.stdout.flush()
         inject_fault(mode)
 
+    @ray.method(concurrency_group="lifeline")
+    def lifeline(self) -> None:
+        """Never returns: the driver's pending call on it fails the moment this process dies."""
+        threading.Event().wait()
+
     @ray.method(concurrency_group="heartbeat")
     def release_collectives(self, quorum_id: int) -> None:
-        """A peer cell of quorum ``quorum_id`` died: stop waiting for it in the cross-cell collective."""
-        if self.info is not None and self.info.quorum_id == quorum_id:
-            self.released.set()
+        """A member of quorum ``quorum_id`` died: every cross-cell wait on that quorum gives up, now and later."""
+        self._release_event(quorum_id).set()
+
+    def _release_event(self, quorum_id: int) -> threading.Event:
+        with self._released_lock:
+            return self._released.setdefault(quorum_id, threading.Event())
 
     def _bump(self) -> None:
         self.last_active, self.bump_count = time.time(), self.bump_count + 1
 
     # ---- membership ---------------------------------------------------------------------------
     def _configure_group(self, info: IndepDPInfo) -> None:
-        """Drop the old cross-cell group and join the one of ``info.quorum_id``."""
+        """Drop the old cross-cell group and join the one of ``info.quorum_id`` (releasable).
+
+        ``self.pg`` is set only here, on this thread, once the rendezvous completed: a released
+        rendezvous that completes later on its abandoned thread never becomes the rank's group.
+        """
         self.pg = None
         self.info = info
-        self.released.clear()
         if info.alive_size > 1:
             pg = ProcessGroupGloo(timeout=dt.timedelta(seconds=self.spec.trainer.cross_cell_timeout_s))
-            pg.configure(f"{self.store_addr}/indep_dp/gloo/{info.quorum_id}/{self.rank}",
-                         replica_id=str(self.cell_index), rank=info.alive_rank, world_size=info.alive_size,
-                         quorum_id=info.quorum_id, group_rank=self.rank, group_world_size=self.ranks_per_cell)
+            run_releasable(lambda: pg.configure(
+                f"{self.store_addr}/indep_dp/gloo/{info.quorum_id}/{self.rank}", replica_id=str(self.cell_index),
+                rank=info.alive_rank, world_size=info.alive_size, quorum_id=info.quorum_id, group_rank=self.rank,
+                group_world_size=self.ranks_per_cell), self._release_event(info.quorum_id))
             self.pg = pg
 
     def init(self, info: IndepDPInfo, load_rollout_id: int | None, recv_src_rank: int | None) -> dict[str, Any]:
-        """Join quorum ``info``; start from a checkpoint, from a live cell (healing), or from scratch."""
+        """Join quorum ``info``; start from a checkpoint, from a live cell (healing), or from scratch.
+
+        A quorum that does not form (a member died, or the source did mid-transfer) is answered with
+        ``ok: False``: this cell is fine, and the group may heal it again in the next quorum.
+        """
         t0 = time.monotonic()
         if load_rollout_id is not None:
             self.replica.load_state_dict(load_rank_state(self.spec.load_dir, load_rollout_id, self.replica.coords))
-        self._configure_group(info)
-        t1 = time.monotonic()
         received = 0
+        try:
+            self._configure_group(info)
+            t1 = time.monotonic()
+            if recv_src_rank is not None:
+                pg, box = self.pg, []
+                run_releasable(lambda: box.append(transfer.recv_state(pg, recv_src_rank)),
+                               self._release_event(info.quorum_id))
+                [(state, received)] = box
+        except Exception as e:
+            return self._quorum_failed(info, e)
         if recv_src_rank is not None:
-            state, received = transfer.recv_state(self.pg, recv_src_rank)
             control = self.spec.trainer.negative_control
             if control == NegativeControl.skip_optimizer_transfer:
                 state["optimizer"] = self.replica.optimizer.state_dict()
@@ -178,12 +210,17 @@ class CellRank:
         try:
             self._configure_group(info)
             t1 = time.monotonic()
-            sent = sum(transfer.send_state(self.pg, self.replica.state_dict(), dst) for dst in send_to)
+            pg, state, sent = self.pg, self.replica.state_dict(), []
+            run_releasable(lambda: sent.extend(transfer.send_state(pg, state, dst) for dst in send_to),
+                           self._release_event(info.quorum_id))
         except Exception as e:
-            log.warning("reconfigure to quorum %d failed: %s", info.quorum_id, e)
-            self.pg = None
-            return {"ok": False, "error": str(e).splitlines()[0] if str(e) else type(e).__name__}
-        return {"ok": True, "configure_s": t1 - t0, "transfer_s": time.monotonic() - t1, "bytes": sent}
+            return self._quorum_failed(info, e)
+        return {"ok": True, "configure_s": t1 - t0, "transfer_s": time.monotonic() - t1, "bytes": sum(sent)}
+
+    def _quorum_failed(self, info: IndepDPInfo, error: Exception) -> dict[str, Any]:
+        log.warning("joining quorum %d failed: %s", info.quorum_id, error)
+        self.pg = None
+        return {"ok": False, "error": str(error).splitlines()[0] if str(error) else type(error).__name__}
 
     # ---- training -----------------------------------------------------------------------------
     def train(self, rollout_id: int, attempt: int, witness: WitnessInfo | None) -> tuple[str, dict[str, float] | None]:
@@ -202,14 +239,16 @@ class CellRank:
                 self._maybe_crash(rollout_id, attempt)
 
         def reduce_across_cells(flat: torch.Tensor) -> bool:
-            if self.pg is None:
+            if info.alive_size == 1:
                 return True
             pg = self.pg
+            if pg is None:  # this quorum's group failed in an earlier attempt: never reuse it
+                return False
             try:
                 with timer.section("reduce_s"):
                     run_releasable(lambda: sum_across(pg, flat, world_size=info.alive_size,
                                                       deterministic=spec.deterministic, torchft=True, fold=fold),
-                                   self.released)
+                                   self._release_event(info.quorum_id))
                 return True
             except Exception as e:  # a dead or frozen peer: this attempt is void
                 log.warning("cross-cell reduce failed at rollout %d attempt %d: %s", rollout_id, attempt, e)
@@ -252,6 +291,12 @@ class CellRank:
         seconds = dict(timer.seconds, event_write_s=self.events.write_s - events_before, total_s=total_s)
         seconds["compute_s"] = total_s - sum(v for k, v in seconds.items() if k != "total_s")
         record_sections(self.spec.side_dir, rollout_id, attempt, self.cell_index, self.rank, seconds)
+
+    def update_weights(self, order: WeightPush) -> dict[str, str] | None:
+        """Push this cell's weights to the rollout engines (all ranks export; the first sends)."""
+        if self.weight_pusher is None:
+            self.weight_pusher = WeightPusher()
+        return self.weight_pusher.push(self.replica, order)
 
     def _maybe_crash(self, rollout_id: int, attempt: int) -> None:
         set_off_node_fault(self.spec, self.events, self.cell_index, self.rank, rollout_id, attempt)  # multi-node

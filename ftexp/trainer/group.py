@@ -4,18 +4,28 @@ One rollout is trained by ``train(rollout_id)``: up to ``max_attempts`` attempts
 
 0. allocates fresh witness ids for the rollout's samples and logs them — every attempt, so the
    analyzer can tell a retry's samples from a discarded attempt's;
-1. refreshes membership — if a cell is pending or an alive cell's quorum view is stale, bump the
-   quorum id, allocate the pending cells, move every alive cell to the new cross-cell group, and
-   heal the pending cells from the lowest-index alive cell (one ``CellReconfigureEvent``);
+1. refreshes membership — if a cell is pending, an alive cell's quorum view is stale, or the
+   current quorum is spent (it never formed, or an attempt on it was discarded: some rank's group
+   failed, and a failed group is never reused), bump the quorum id, allocate the pending cells,
+   move every alive cell to the new cross-cell group, and heal the pending cells from the
+   lowest-index alive cell (one ``CellReconfigureEvent``);
 2. calls ``train`` on every rank of every alive cell and classifies each cell as errored (its call
    raised; it is already stopped), discarded (a rank's reduce failed) or normal;
 3. succeeds when no cell discarded and at least one is normal — an errored cell alongside normal
    ones may have died after the exchange, so the survivors' commit stands.
+
+Cells leave from three threads: the training loop (a call on a cell failed), the control plane
+(suspend) and the death watch (a cell's lifeline call failed: its process died, even between
+calls). All three go through one lock and one rule: when a member of the current quorum leaves,
+every other member is released from its cross-cell waits on that quorum (``release_collectives``),
+so nobody waits out a collective's timeout for a peer the driver already knows is gone. A retry
+after an attempt in which a cell left starts at once; only a failure without a known cause backs off.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any
 
@@ -27,6 +37,8 @@ from ftexp.trainer.cell import Cell, CellState, IndepDPInfo
 from ftexp.trainer.cell_rank import DISCARDED, NORMAL
 
 log = logging.getLogger(__name__)
+WATCH_POLL_S = 0.5  # how often the death watch re-reads which cells to watch (a death wakes it at once)
+_MEMBER_STATES = (CellState.ALLOCATED, CellState.ALIVE)
 
 
 class RetryableStepError(RuntimeError):
@@ -46,13 +58,22 @@ class TrainGroup:
         self.health = None  # set by the control plane: paused around every reconfigure
         self.on_allocated = None  # multi-node: called with each cell once its new actors answer (placement events)
         self.waiting_on: dict[int, str] = {}  # cell -> the call the loop is blocked on (for hang diagnosis)
+        self.departures = 0  # how many times a cell left its quorum (failed or stopped)
+        self._lock = threading.RLock()  # membership changes come from the loop, the control plane and the death watch
+        self._members: tuple[int, ...] = ()  # the cells of quorum ``quorum_id``, formed or forming
+        self._spent_quorum: int | None = None  # a quorum an attempt was discarded on: it must not train again
+        self._watch_stop = threading.Event()
+        self._watch: threading.Thread | None = None
 
     # ---- start-up -----------------------------------------------------------------------------
     def init(self, load_rollout_id: int | None) -> list[dict[str, Any]]:
         """Allocate every cell and join quorum 0 with all cells alive; every rank's init result."""
         alive = [c.index for c in self.cells]
+        self._members = tuple(alive)
         for cell in self.cells:
             cell.allocate()
+        self._watch = threading.Thread(target=self._watch_deaths, name="cell-death-watch", daemon=True)
+        self._watch.start()
         # Every actor built (its replica too) before any rank starts the cross-cell rendezvous, whose timeout
         # is short: on several nodes, or under load, one cell's actors may come up many seconds after another's.
         for cell in self.cells:
@@ -61,7 +82,11 @@ class TrainGroup:
                 for c in self.cells}
         results = []
         for cell in self.cells:
-            results += cell.collect(refs[cell.index])
+            cell_results = cell.collect(refs[cell.index])
+            if not all(r["ok"] for r in cell_results):
+                raise RuntimeError(f"cell {cell.index} could not join quorum 0: "
+                                   + next(r["error"] for r in cell_results if not r["ok"]))
+            results += cell_results
             cell.mark_alive(IndepDPInfo.for_cell(cell.index, len(self.cells), 0, alive))
             if self.on_allocated is not None:
                 self.on_allocated(cell)
@@ -73,22 +98,74 @@ class TrainGroup:
 
     def stop_cell(self, index: int, by: str) -> None:
         """Suspend a cell (kill its ranks); ``by`` names who asked, for the event log."""
-        if self.cells[index].state != CellState.STOPPED:
-            self.events.log(CellLifecycleEvent(cell_index=index, transition="stopped", by=by))
-        self.cells[index].stop()
+        with self._lock:
+            cell = self.cells[index]
+            if cell.state != CellState.STOPPED:
+                self.events.log(CellLifecycleEvent(cell_index=index, transition="stopped", by=by))
+            if cell.state in _MEMBER_STATES:
+                self._leave(index)
+            cell.stop()
 
     def start_cell(self, index: int, by: str) -> None:
         """Resume a stopped cell: it becomes Pending, and the next refresh allocates and heals it."""
-        if self.cells[index].state == CellState.STOPPED:
-            self.events.log(CellLifecycleEvent(cell_index=index, transition="start_requested", by=by))
-        self.cells[index].start()
+        with self._lock:
+            if self.cells[index].state == CellState.STOPPED:
+                self.events.log(CellLifecycleEvent(cell_index=index, transition="start_requested", by=by))
+            self.cells[index].start()
+
+    def _cell_failed(self, index: int, incarnation: int, by: str) -> None:
+        """A call on (or the lifeline of) this incarnation of the cell failed: log it, release its peers, stop it.
+
+        A no-op when the cell was already stopped or restarted (another thread saw it first)."""
+        with self._lock:
+            cell = self.cells[index]
+            if cell.incarnation != incarnation or cell.state not in _MEMBER_STATES:
+                return
+            self.events.log(CellLifecycleEvent(cell_index=index, transition="failed", by=by))
+            self._leave(index)
+            cell.fail()
+
+    def _leave(self, index: int) -> None:
+        """Cell ``index`` leaves: the other members of the current quorum stop waiting for it (fire and forget).
+
+        The release is for the quorum, not for one call: a member that is not yet in its collective
+        gives up on it as soon as it gets there. The next refresh moves everyone to a new quorum."""
+        self.departures += 1
+        if index not in self._members:
+            return
+        for peer in self._members:
+            if peer != index and self.cells[peer].state in _MEMBER_STATES:
+                self.cells[peer].submit("release_collectives", self.quorum_id)
+
+    def _watch_deaths(self) -> None:
+        """Fail a cell the moment Ray reports one of its actors dead — also between calls."""
+        while not self._watch_stop.is_set():
+            with self._lock:
+                watched = {ref: (c.index, c.incarnation) for c in self.cells if c.state in _MEMBER_STATES
+                           for ref in c.lifelines}
+            if not watched:
+                self._watch_stop.wait(WATCH_POLL_S)
+                continue
+            try:
+                ready, _ = ray.wait(list(watched), num_returns=1, timeout=WATCH_POLL_S)
+            except (Exception, SystemExit):  # Ray raises SystemExit once it is shutting down
+                if not ray.is_initialized():
+                    return  # Ray went down before the group (a caller that skipped shutdown)
+                raise
+            for ref in ready:  # a lifeline never returns: ready means its actor is gone
+                self._cell_failed(*watched[ref], by=_death_cause(ref))
 
     def refresh(self, rollout_id: int) -> CellReconfigureEvent | None:
-        pending = [c.index for c in self.cells if c.state == CellState.PENDING]
-        alive = self.alive_indices()
+        with self._lock:
+            # Allocated-but-not-alive cells are left from a heal whose quorum did not form: heal them again.
+            pending = [c.index for c in self.cells if c.state in (CellState.PENDING, CellState.ALLOCATED)]
+            alive = self.alive_indices()
+            views = {i: self.cells[i].info for i in alive}
         assert alive, "cannot recover when all cells are dead"
         will_alive = sorted(set(pending) | set(alive))
-        if not pending and all(list(self.cells[i].info.alive_cell_indices) == will_alive for i in alive):
+        stale = [i for i, view in views.items()
+                 if list(view.alive_cell_indices) != will_alive or view.quorum_id != self.quorum_id]
+        if not pending and not stale and self._spent_quorum != self.quorum_id:
             return None
         if self.health is not None:
             self.health.pause_health()
@@ -100,13 +177,22 @@ class TrainGroup:
 
     def _reconfigure(self, rollout_id: int, pending: list[int], alive: list[int],
                      will_alive: list[int]) -> CellReconfigureEvent:
-        self.quorum_id += 1
+        with self._lock:
+            self.quorum_id += 1
+            self._members = tuple(will_alive)
+            gone = [i for i in will_alive if self.cells[i].state not in
+                    ((CellState.PENDING, CellState.ALLOCATED) if i in pending else (CellState.ALIVE,))]
+            if gone:
+                raise RetryableStepError(f"cells {gone} left before quorum {self.quorum_id} formed")
+            for i in pending:
+                if self.cells[i].state == CellState.PENDING:
+                    self.cells[i].allocate()
         t0 = time.monotonic()
-        for i in pending:
-            self.cells[i].allocate()
         # Wait until the new actors exist, so the cross-cell rendezvous does not race actor start-up.
+        started = self._collect_cells({i: self.cells[i].submit("ping") for i in pending})
+        if failed := [i for i, result in started.items() if isinstance(result, Exception)]:
+            raise RetryableStepError(f"cells {failed} died starting up for quorum {self.quorum_id}")
         for i in pending:
-            self.cells[i].execute("ping")
             if self.on_allocated is not None:
                 self.on_allocated(self.cells[i])
         t_allocated = time.monotonic()
@@ -130,16 +216,15 @@ class TrainGroup:
                 failed.append(i)
             results[i] = result
         self.waiting_on = {}
-        if failed:
-            # No event. Healed cells that did come up belong to a quorum that never formed: back to
-            # Pending for the next refresh. Survivors keep their old view, so it reconfigures again.
-            for i in pending:
-                if self.cells[i].state == CellState.ALLOCATED:
-                    self.cells[i].stop()
-                    self.cells[i].start()
-            raise RetryableStepError(f"reconfigure to quorum {self.quorum_id} failed in cells {failed}")
-        for i in will_alive:
-            self.cells[i].mark_alive(info[i])
+        with self._lock:
+            # No event if the quorum did not form, or a cell was stopped after its call returned. The
+            # survivors keep their old view and the healed cells stay Allocated: the next refresh
+            # forms a new quorum with whoever is left, healing those cells again without restarting them.
+            failed += [i for i in will_alive if i not in failed and self.cells[i].state not in _MEMBER_STATES]
+            if failed:
+                raise RetryableStepError(f"reconfigure to quorum {self.quorum_id} failed in cells {failed}")
+            for i in will_alive:
+                self.cells[i].mark_alive(info[i])
         timings: dict[str, float] = {}
         if pending:
             timings = {
@@ -161,11 +246,16 @@ class TrainGroup:
     def train(self, rollout_id: int) -> dict[str, float]:
         backoff = self.cfg.retry_backoff_s
         for attempt in range(self.cfg.max_attempts):
+            departures = self.departures
             try:
                 return self._attempt(rollout_id, attempt)
             except (RetryableStepError, AssertionError) as e:
                 if isinstance(e, AssertionError) and not self.alive_indices():
                     raise
+                if self.departures != departures:  # the cause is known: the refresh has a cell to shrink out
+                    log.warning("rollout %d attempt %d did not commit: %s; a cell left, retrying at once",
+                                rollout_id, attempt, e)
+                    continue
                 log.warning("rollout %d attempt %d did not commit: %s; retrying in %.1fs", rollout_id, attempt, e, backoff)
                 time.sleep(backoff)
                 backoff = min(backoff * 2, self.cfg.retry_backoff_max_s)
@@ -199,6 +289,8 @@ class TrainGroup:
         discarded = [i for i, o in outcomes.items() if o != "error" and any(x == DISCARDED for x in o)]
         self.waiting_on = {}
         if discarded or not normal:
+            if discarded:
+                self._spent_quorum = self.quorum_id
             raise RetryableStepError(f"outcomes {outcomes}")
         self.events.log(TrainGroupStepEndEvent(rollout_id=rollout_id, attempt=attempt, cell_outcomes=outcomes))
         return metrics or {}
@@ -206,10 +298,11 @@ class TrainGroup:
     def _collect_cells(self, refs: dict[int, list[ray.ObjectRef]]) -> dict[int, list[Any] | Exception]:
         """Every cell's per-rank results, or the exception that failed it (the cell is then stopped).
 
-        Waits on all cells at once, so a cell that dies is killed at once: its peers blocked in a
-        collective with it then fail fast instead of waiting out their timeout.
+        Waits on all cells at once, so a cell that dies is failed at once — which releases its
+        peers blocked in a collective with it, instead of leaving them to their timeout.
         """
         owner = {ref: index for index, cell_refs in refs.items() for ref in cell_refs}
+        incarnation = {index: self.cells[index].incarnation for index in refs}
         failed: dict[int, Exception] = {}
         pending = list(owner)
         while pending:
@@ -219,22 +312,10 @@ class TrainGroup:
                 ray.get(ready)
             except Exception as e:
                 failed[index] = e
-                self.events.log(CellLifecycleEvent(cell_index=index, transition="failed", by=type(e).__name__))
                 pending = [r for r in pending if owner[r] != index]
-                self._release_peers({owner[r] for r in pending})
-                self.cells[index].fail()
+                self._cell_failed(index, incarnation[index], by=type(e).__name__)
         return {index: failed[index] if index in failed else ray.get(cell_refs)
                 for index, cell_refs in sorted(refs.items())}
-
-    def _release_peers(self, indices: set[int]) -> None:
-        """Tell the ranks of these cells to stop waiting in their cross-cell collective (a peer died).
-
-        Fire and forget: a cell that is itself dead or already past its collective ignores it.
-        """
-        for index in sorted(indices):
-            cell = self.cells[index]
-            if cell.is_alive and cell.info is not None:
-                cell.submit("release_collectives", cell.info.quorum_id)
 
     # ---- first-alive-cell actions ------------------------------------------------------------------
     def execute_first_alive(self, method: str, *args: Any) -> list[Any]:
@@ -243,12 +324,24 @@ class TrainGroup:
             alive = self.alive_indices()
             if not alive:
                 raise RuntimeError(f"{method}: no alive cell")
-            try:
-                return self.cells[alive[0]].execute(method, *args)
-            except ray.exceptions.RayError as e:
-                log.warning("%s on cell %d failed (%s); trying the next alive cell", method, alive[0], e)
+            [result] = self._collect_cells({alive[0]: self.cells[alive[0]].submit(method, *args)}).values()
+            if not isinstance(result, Exception):
+                return result
+            log.warning("%s on cell %d failed (%s); trying the next alive cell", method, alive[0], result)
 
     def shutdown(self) -> None:
-        for cell in self.cells:
-            if cell.state != CellState.STOPPED and cell.state != CellState.PENDING:
-                cell.stop()
+        self._watch_stop.set()
+        if self._watch is not None:
+            self._watch.join(timeout=5 * WATCH_POLL_S)
+        with self._lock:
+            for cell in self.cells:
+                if cell.state != CellState.STOPPED:
+                    cell.stop()
+
+
+def _death_cause(lifeline: ray.ObjectRef) -> str:
+    try:
+        ray.get(lifeline)
+    except Exception as e:  # ActorDiedError and kin
+        return type(e).__name__
+    return "ActorDiedError"

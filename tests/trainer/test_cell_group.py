@@ -4,6 +4,7 @@ The actors here are scripted stand-ins for a cell's ranks (they answer init/reco
 told); the real CellRank runs in the end-to-end scenario tests.
 """
 
+import os
 import threading
 import time
 
@@ -17,16 +18,21 @@ from ftexp.trainer.driver import start_local_ray
 from ftexp.trainer.group import RetryableStepError, TrainGroup
 
 
-@ray.remote(num_cpus=0, max_restarts=0, concurrency_groups={"heartbeat": 1})
+@ray.remote(num_cpus=0, max_restarts=0, concurrency_groups={"heartbeat": 1, "lifeline": 1})
 class ScriptedRank:
     def __init__(self, cell_index: int, train: str = "normal"):
         # train: "normal"; "fail" (the cell dies mid-step); "collective" (block as in a cross-cell
-        # collective with a peer, until the driver releases it)
+        # collective with a peer in attempt 0, until the driver releases it); "discard_once" (its first
+        # reduce fails)
         self.cell_index, self.calls, self.train_behaviour = cell_index, [], train
         self.released = threading.Event()
 
     def ping(self):
         return True
+
+    @ray.method(concurrency_group="lifeline")
+    def lifeline(self):
+        threading.Event().wait()
 
     def init(self, info, load_rollout_id, recv_src_rank):
         self.calls.append(("init", info.quorum_id, recv_src_rank))
@@ -39,9 +45,12 @@ class ScriptedRank:
     def train(self, rollout_id, attempt, witness):
         if self.train_behaviour == "fail":
             raise RuntimeError("scripted death mid-step")
-        if self.train_behaviour == "collective":
+        if self.train_behaviour == "collective" and attempt == 0:
             released = self.released.wait(60)
             self.calls.append(("released" if released else "timed out", rollout_id))
+            return "discarded_should_retry", None
+        self.calls.append(("train", rollout_id, attempt))
+        if self.train_behaviour == "discard_once" and len([c for c in self.calls if c[0] == "train"]) == 1:
             return "discarded_should_retry", None
         return "normal", {"train/loss": 0.0}
 
@@ -58,6 +67,10 @@ class ScriptedRank:
 
     def block(self):
         time.sleep(600)  # a rank stuck in a collective with a dead peer
+
+    @ray.method(concurrency_group="heartbeat")
+    def exit(self):
+        os._exit(1)  # the process dies between the driver's calls
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -86,8 +99,13 @@ def test_cell_transitions_and_no_ops():
     assert cell.state == CellState.STOPPED
     with pytest.raises(AssertionError):
         cell.allocate()
-    cell.start()
-    assert cell.state == CellState.PENDING and cell.actors == []
+    stopped = cell.actors
+    cell.start()  # the next incarnation's actors start at once; the cell is Pending until a refresh allocates it
+    assert cell.state == CellState.PENDING and cell.actors and cell.actors != stopped
+    assert ray.get(cell.actors[0].ping.remote(), timeout=30)
+    cell.allocate()
+    assert cell.state == CellState.ALLOCATED and cell.incarnation == 2
+    cell.stop()
 
 
 def test_failed_call_ends_stopped_with_dead_actors():
@@ -123,12 +141,30 @@ def test_a_failing_rank_fails_its_cell_without_waiting_for_blocked_peers():
     assert cell.state == CellState.STOPPED
 
 
-def _group(tmp_path, n=3):
+_groups: list[TrainGroup] = []
+
+
+@pytest.fixture(autouse=True)
+def shut_groups_down():
+    """Every group ends with its test: its death watch must not outlive it (nor Ray)."""
+    yield
+    while _groups:
+        _groups.pop().shutdown()
+
+
+def _group(tmp_path, n=3, behaviour=None, **trainer):
     events = EventLogger(tmp_path / "events", ProcessIdentity(component="main"))
-    group = TrainGroup(n, 1, lambda c, r, incarnation: ScriptedRank.remote(c), events,
-                       TrainerConfig(retry_backoff_s=0.01))
+    behaviour = behaviour or {}
+    group = TrainGroup(n, 1, lambda c, r, incarnation: ScriptedRank.remote(c, behaviour.get(c, "normal")), events,
+                       TrainerConfig(**{"retry_backoff_s": 0.01, **trainer}))
+    _groups.append(group)
     group.init(load_rollout_id=None)
     return group
+
+
+def _reconfigures(tmp_path):
+    return [(e.quorum_id, e.healed_cell_indices, e.alive_cell_indices_after)
+            for e in read_events(tmp_path / "events") if isinstance(e, CellReconfigureEvent)]
 
 
 def test_refresh_without_change_is_a_no_op(tmp_path):
@@ -170,6 +206,7 @@ def test_a_dead_cell_releases_its_peers_from_the_collective_at_once(tmp_path):
     events = EventLogger(tmp_path / "events", ProcessIdentity(component="main"))
     behaviour = {0: "collective", 1: "collective", 2: "fail"}
     group = TrainGroup(3, 1, lambda c, r, incarnation: ScriptedRank.remote(c, behaviour[c]), events, TrainerConfig())
+    _groups.append(group)
     group.init(load_rollout_id=None)
     started = time.monotonic()
     with pytest.raises(RetryableStepError):
@@ -179,4 +216,42 @@ def test_a_dead_cell_releases_its_peers_from_the_collective_at_once(tmp_path):
         assert ray.get(group.cells[survivor].actors[0].get_calls.remote())[-2:] == [("release", 0), ("released", 0)]
     [failed] = [e for e in read_events(tmp_path / "events") if isinstance(e, CellLifecycleEvent)]
     assert (failed.cell_index, failed.transition) == (2, "failed")
-    group.shutdown()
+
+
+def test_a_cell_dying_between_calls_is_failed_at_once_and_its_peers_released(tmp_path):
+    """No call is in flight: the death watch (the cell's lifeline) notices, not the next train call."""
+    group = _group(tmp_path)
+    group.cells[2].actors[0].exit.remote()
+    died = time.monotonic()
+    while group.cells[2].state != CellState.STOPPED and time.monotonic() - died < 30:
+        time.sleep(0.01)
+    detected_s = time.monotonic() - died
+    assert detected_s < 2.0, detected_s
+    [failed] = [e for e in read_events(tmp_path / "events") if isinstance(e, CellLifecycleEvent)]
+    assert (failed.cell_index, failed.transition, failed.by) == (2, "failed", "ActorDiedError")
+    for survivor in (0, 1):  # quorum 0 is released: a survivor entering a collective on it gives up at once
+        assert ray.get(group.cells[survivor].actors[0].get_calls.remote())[-1] == ("release", 0)
+    group.train(1)
+    assert _reconfigures(tmp_path) == [(1, [], [0, 1])]
+
+
+def test_a_retry_after_a_lost_cell_starts_at_once(tmp_path):
+    group = _group(tmp_path, behaviour={0: "collective", 1: "collective", 2: "fail"}, retry_backoff_s=60.0)
+    started = time.monotonic()
+    group.train(0)  # attempt 0: cell 2 dies, the others are released and discard; attempt 1 shrinks and commits
+    assert time.monotonic() - started < 30  # no 60 s back-off
+    assert _reconfigures(tmp_path) == [(1, [], [0, 1])]
+    assert ("train", 0, 1) in ray.get(group.cells[0].actors[0].get_calls.remote())
+
+
+def test_a_discarded_attempt_spends_its_quorum_and_backs_off(tmp_path):
+    """Every cell answered but a reduce failed: no cell left, so the retry backs off, and it runs on a new
+    quorum of the same cells (a rank's failed group is never reused)."""
+    group = _group(tmp_path, behaviour={0: "discard_once"}, retry_backoff_s=1.0)
+    started = time.monotonic()
+    group.train(0)
+    assert time.monotonic() - started >= 1.0
+    assert _reconfigures(tmp_path) == [(1, [], [0, 1, 2])]
+    assert ray.get(group.cells[1].actors[0].get_calls.remote())[-2:] == [("reconfigure", 1, []), ("train", 0, 1)]
+    group.train(1)  # committed on quorum 1: nothing to change
+    assert len(_reconfigures(tmp_path)) == 1

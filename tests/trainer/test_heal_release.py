@@ -1,0 +1,97 @@
+"""A cell lost during a heal: the survivors leave the new quorum's rendezvous at once, and the retry heals.
+
+Real CellRank actors (torch engine, one rank per cell) on a real TCPStore: cells 0 and 1 are
+alive, cell 2 is healed from cell 0, and cell 1 freezes just before the reconfigure, so cells 0
+and 2 sit in quorum 1's rendezvous waiting for it. The control plane would then suspend cell 1;
+the test does so by hand and measures how long the survivors take to come back.
+"""
+
+import threading
+import time
+
+import pytest
+import ray
+
+from ftexp.audit.events import CellLifecycleEvent, CellReconfigureEvent, EventLogger, ProcessIdentity, read_events
+from ftexp.config import Engine, ModeConfig, TrainerConfig
+from ftexp.faults.plan import FaultPlan
+from ftexp.job import JobSpec
+from ftexp.rundir import SideDir
+from ftexp.trainer.cell import CellState
+from ftexp.trainer.cell_rank import CellRank
+from ftexp.trainer.driver import start_local_ray
+from ftexp.trainer.group import RetryableStepError, TrainGroup
+from ftexp.trainer.store import LoopbackStore
+
+CROSS_CELL_TIMEOUT_S = 60.0  # what the survivors would wait without the release
+FROZEN_FOR_S = 2.0           # how long the survivors wait in the rendezvous before the frozen cell is suspended
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray():
+    start_local_ray(num_cpus=3)
+    yield
+    ray.shutdown()
+
+
+def _group(tmp_path) -> TrainGroup:
+    spec = JobSpec(side="target", phase="", side_dir=SideDir(tmp_path), data_dir=tmp_path / "data",
+                   trainer=TrainerConfig(engine=Engine.torch, enable_witness=False,
+                                         cross_cell_timeout_s=CROSS_CELL_TIMEOUT_S),
+                   mode=ModeConfig(name="dp3", num_cells=3), num_rollout=1, plan=FaultPlan([], 3))
+    store = LoopbackStore()
+    events = EventLogger(spec.side_dir.events, ProcessIdentity(component="main"))
+    group = TrainGroup(3, 1, lambda c, r, inc: CellRank.remote(spec, c, r, store.address, inc), events, spec.trainer)
+    group.store = store  # keep the rendezvous store alive as long as the group
+    group.init(load_rollout_id=None)
+    return group
+
+
+def _frozen(actor) -> bool:
+    try:
+        ray.get(actor.heartbeat.remote(), timeout=1.0)
+    except ray.exceptions.GetTimeoutError:
+        return True
+    return False
+
+
+def test_a_cell_lost_mid_heal_releases_the_survivors_at_once_and_the_retry_heals(tmp_path):
+    group = _group(tmp_path)
+    try:
+        group.stop_cell(2, by="test")
+        group.start_cell(2, by="test")  # cell 2 pending: the next refresh heals it from cell 0
+        healing_incarnation = group.cells[2].incarnation
+        group.cells[1].actors[0].inject_fault.remote("deadlock")
+        assert _frozen(group.cells[1].actors[0])  # it will never join quorum 1
+
+        suspended_at = []
+
+        def suspend_frozen_cell() -> None:
+            time.sleep(FROZEN_FOR_S)
+            suspended_at.append(time.monotonic())
+            group.stop_cell(1, by="test")  # what the control plane does once heartbeats fail
+
+        threading.Thread(target=suspend_frozen_cell, daemon=True).start()
+        started = time.monotonic()
+        with pytest.raises(RetryableStepError, match="quorum 1 failed"):
+            group.refresh(rollout_id=1)
+        returned = time.monotonic()
+        assert returned - started >= FROZEN_FOR_S  # the survivors really were stuck in the rendezvous
+        released_after = returned - suspended_at[0]
+        print(f"survivors released {released_after:.3f} s after the driver stopped the lost cell")
+        assert released_after < 1.0, released_after  # not CROSS_CELL_TIMEOUT_S
+
+        # The retry forms quorum 2 with who is left and heals the same (not restarted) incarnation of cell 2.
+        heal = group.refresh(rollout_id=1)
+        assert (heal.quorum_id, heal.src_cell_index, heal.healed_cell_indices, heal.alive_cell_indices_after) == \
+            (2, 0, [2], [0, 2])
+        assert heal.bytes_transferred > 0
+        assert group.cells[2].incarnation == healing_incarnation and group.cells[2].state == CellState.ALIVE
+        assert group.cells[1].state == CellState.STOPPED
+        assert group.refresh(rollout_id=1) is None
+        events = read_events(tmp_path / "events")
+        assert [e.quorum_id for e in events if isinstance(e, CellReconfigureEvent)] == [2]
+        assert [(e.cell_index, e.transition) for e in events if isinstance(e, CellLifecycleEvent)] == \
+            [(2, "stopped"), (2, "start_requested"), (1, "stopped")]
+    finally:
+        group.shutdown()

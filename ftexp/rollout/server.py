@@ -11,8 +11,8 @@ with its own KV cache and its own ``torch.Generator``; forward steps run one at 
 sequence holds the weights' read lock from its first to its last token, so a weight update (the
 write lock) waits for sequences in flight and no sequence mixes two weight versions.
 
-Weights are addressed by their Hugging Face checkpoint names; `ParameterLayout` maps those names to
-the model's parameters. Checksums (``/weights_checker``) hash each checkpoint-named tensor with
+Weights are addressed by their Hugging Face checkpoint names (``hf_layout`` maps them onto the
+model's parameters, per-expert names onto fused expert tensors included). Checksums (``/weights_checker``) hash each checkpoint-named tensor with
 ``ftexp.audit.checksums.tensor_hash``, so a sender can compute the expected ones from its own tensors.
 """
 
@@ -35,9 +35,10 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict
 
 from ftexp.audit.checksums import digest, tensor_hash
-from ftexp.errors import one_line
+from ftexp.errors import InputError, one_line
 from ftexp.rollout import weight_group
 from ftexp.rollout.client import SamplingParams, decode_named_tensors
+from ftexp.rollout.hf_layout import build_model, hf_state_dict, load_hf_weights
 from ftexp.rollout.processes import OFFLINE_ENV
 
 log = logging.getLogger(__name__)
@@ -64,24 +65,6 @@ class ServerConfig:
     weight_version: str = "default"
     init_seed: int = 0
     weight_group_timeout_s: float = 120.0
-
-
-class ParameterLayout:
-    """Checkpoint names are the model's own parameter names (dense HF models: Qwen3, Llama, ...)."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        self._params = dict(model.named_parameters())
-
-    def shapes(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-        return {name: (tuple(p.shape), p.dtype) for name, p in self._params.items()}
-
-    def read(self) -> dict[str, torch.Tensor]:
-        return {name: p.detach() for name, p in self._params.items()}
-
-    @torch.no_grad()
-    def load(self, named: dict[str, torch.Tensor]) -> None:
-        for name, tensor in named.items():
-            self._params[name].copy_(tensor)
 
 
 class ReadWriteLock:
@@ -147,7 +130,7 @@ class CpuEngine:
         # (for ServerConfig, say) stays cheap for a driver that only starts engines.
         for key, value in OFFLINE_ENV.items():
             os.environ.setdefault(key, value)
-        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, DynamicCache
+        from transformers import AutoTokenizer, DynamicCache
 
         self._new_cache = DynamicCache
         self.config = config
@@ -155,20 +138,19 @@ class CpuEngine:
         tokenizer_path = config.tokenizer_path or config.model_path
         self.tokenizer_path = str(Path(tokenizer_path).resolve())
         self.weight_version = config.weight_version
-        hf_config = AutoConfig.from_pretrained(self.model_path)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(config.init_seed)
-            self.model = AutoModelForCausalLM.from_config(hf_config, dtype=hf_config.dtype or torch.float32).eval()
-        self.layout = ParameterLayout(self.model)
+            self.model = build_model(self.model_path)
         weights = Path(self.model_path) / "model.safetensors"
         if weights.exists():
             from safetensors.torch import load_file
 
             named = load_file(str(weights))
-            problems = self._check(named) + [f"{name}: missing" for name in sorted(set(self.layout.shapes()) - set(named))]
-            if problems:
-                raise ValueError(f"{weights}: " + "; ".join(problems[:5]))
-            self.layout.load(named)
+            missing = sorted(set(hf_state_dict(self.model)) - set(named))
+            if missing:
+                raise InputError(f"{weights}: {len(missing)} weight(s) missing, e.g. {missing[0]}")
+            load_hf_weights(self.model, named)
+        hf_config = self.model.config
         self.tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
         eos = hf_config.eos_token_id
         self.eos_token_ids = set() if eos is None else set(eos if isinstance(eos, list) else [eos])
@@ -286,28 +268,19 @@ class CpuEngine:
         return set(tags) if tags else set(MEMORY_TAGS)
 
     # ---- weights --------------------------------------------------------------------------------
-    def _check(self, named: dict[str, torch.Tensor]) -> list[str]:
-        """What is wrong with `named` as checkpoint tensors of this model (empty: they fit)."""
-        expected = self.layout.shapes()
-        problems = []
-        for name, tensor in named.items():
-            if name not in expected:
-                problems.append(f"unknown tensor name {name!r}")
-            elif tuple(tensor.shape) != expected[name][0]:
-                problems.append(f"tensor {name!r}: shape {list(tensor.shape)} sent, the engine has "
-                                f"{list(expected[name][0])}")
-        return problems
+    def weight_shapes(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        """{checkpoint name: (shape, dtype)} of every weight the engine serves."""
+        return {name: (tuple(t.shape), t.dtype) for name, t in hf_state_dict(self.model).items()}
 
     def load_weights(self, named: dict[str, torch.Tensor], weight_version: str | None) -> None:
         """Copy `named` into the model all or nothing, once no sequence is being decoded."""
-        problems = self._check(named)
-        if problems:
-            more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
-            raise BadRequest("; ".join(problems[:3]) + more)
         with self._weights_lock.writing():
             if "weights" in self._released:
                 raise BadRequest("weights memory released: resume_memory_occupation(tags=['weights']) first")
-            self.layout.load(named)
+            try:
+                load_hf_weights(self.model, named)  # checks every name and shape before writing any
+            except InputError as exc:
+                raise BadRequest(str(exc)) from None
             if weight_version is not None:
                 self.weight_version = weight_version
 
@@ -369,27 +342,27 @@ class CpuEngine:
         """sglang's weights checker; returns the ``ranks`` list (one rank here)."""
         if action == "checksum":
             with self._weights_lock.reading():
-                checksums = {name: tensor_hash(t) for name, t in sorted(self.layout.read().items())}
+                checksums = {name: tensor_hash(t) for name, t in sorted(hf_state_dict(self.model).items())}
             overall = digest("".join(f"{n}\0{h}\n" for n, h in checksums.items()).encode())
             info = {"tp_rank": 0, "tp_size": 1, "dp_rank": 0, "dp_size": 1, "pp_rank": 0, "pp_size": 1,
                     "rank": 0, "size": 1}
             return [{"checksums": checksums, "per_gpu_checksum": overall, "parallelism_info": info}]
         if action == "snapshot":
             with self._weights_lock.reading():
-                self._snapshot = {name: t.clone() for name, t in self.layout.read().items()}
+                self._snapshot = {name: t.clone() for name, t in hf_state_dict(self.model).items()}
             return []
         if action == "compare":
             if self._snapshot is None:
                 raise BadRequest("compare needs a snapshot first (action 'snapshot')")
             with self._weights_lock.reading():
-                current = self.layout.read()
+                current = hf_state_dict(self.model)
                 differ = sorted(n for n, t in self._snapshot.items() if not torch.equal(t, current[n]))
             if differ:
                 raise BadRequest(f"check tensor equality failed: {len(differ)} tensor(s) differ from the snapshot: "
                                  + ", ".join(differ[:5]))
             return []
         if action == "reset_tensors":
-            shapes = self.layout.shapes()
+            shapes = self.weight_shapes()
             self.load_weights({n: torch.rand(s, dtype=d) for n, (s, d) in shapes.items()}, None)
             return []
         raise BadRequest(f"unknown weights_checker action {action!r} (checksum, snapshot, compare, reset_tensors)")

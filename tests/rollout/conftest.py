@@ -25,7 +25,7 @@ def model_dir(tmp_path_factory) -> Path:
 def weight_shapes(model_dir) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
     from ftexp.rollout.server import CpuEngine
 
-    return CpuEngine(ServerConfig(str(model_dir))).layout.shapes()
+    return CpuEngine(ServerConfig(str(model_dir))).weight_shapes()
 
 
 @pytest.fixture

@@ -8,10 +8,11 @@ import time
 import httpx
 import pytest
 import torch
-from rollout.tiny_model import PROMPT, random_weights
+from rollout.tiny_model import PROMPT, random_weights, write_tiny_qwen3_moe
 
 from ftexp.audit.checksums import tensor_hash
 from ftexp.rollout.client import EngineClient, EngineError, SamplingParams
+from ftexp.rollout.engine import RolloutEngine
 from ftexp.rollout.server import CpuEngine, ServerConfig, sample_token
 
 SAMPLING = SamplingParams(temperature=0.8, top_p=0.95, max_new_tokens=16, sampling_seed=7)
@@ -130,9 +131,9 @@ def test_bad_requests_get_a_clear_400_and_change_nothing(start_engine, weight_sh
         assert response.status_code == 400, (path, response.text)
         assert message in response.text, (path, response.text)
     good = random_weights(weight_shapes, seed=2)
-    with pytest.raises(EngineError, match=r"/update_weights_from_tensor: HTTP 400: unknown tensor name 'model.bogus'"):
+    with pytest.raises(EngineError, match=r"/update_weights_from_tensor: HTTP 400: unknown weight name 'model.bogus'"):
         a.update_weights_from_tensor({**good, "model.bogus": torch.zeros(1)})
-    with pytest.raises(EngineError, match=r"tensor 'lm_head.weight': shape \[64, 128\] sent, the engine has \[128, 64\]"):
+    with pytest.raises(EngineError, match=r"weight lm_head.weight: shape \(64, 128\), the model's is \(128, 64\)"):
         a.update_weights_from_tensor({**good, "lm_head.weight": good["lm_head.weight"].T.contiguous()})
     response = httpx.post(f"{url}/update_weights_from_tensor", json={"serialized_named_tensors": ["not base64!"]})
     assert response.status_code == 400 and "cannot decode" in response.json()["message"]
@@ -187,3 +188,21 @@ def test_info_endpoints(start_engine, model_dir):
     a.health()
     a.health_generate()
     a.flush_cache()
+
+
+def test_moe_engine_takes_and_checksums_per_expert_checkpoint_names(tmp_path):
+    engine = RolloutEngine(ServerConfig(str(write_tiny_qwen3_moe(tmp_path / "moe"))))
+    try:
+        a = EngineClient(engine.start())
+        before = a.checksums()
+        assert "model.layers.1.mlp.experts.3.gate_proj.weight" in before and "model.layers.0.mlp.gate.weight" in before
+        assert not any(n.endswith(("gate_up_proj", "experts.down_proj")) for n in before)  # fused tensors stay inside
+        name, tensor = "model.layers.0.mlp.experts.2.up_proj.weight", torch.randn(32, 64)
+        a.update_weights_from_tensor({name: tensor})
+        after = a.checksums()
+        assert {n for n in before if after[n] != before[n]} == {name} and after[name] == tensor_hash(tensor)
+        generated = a.generate(PROMPT, SAMPLING).output_ids
+        a.update_weights_from_tensor({"model.layers.0.mlp.gate.weight": torch.randn(4, 64)})  # the router
+        assert a.generate(PROMPT, SAMPLING).output_ids != generated
+    finally:
+        engine.shutdown()

@@ -48,8 +48,15 @@ log = logging.getLogger("ftexp")
 
 def prepare(cfg: ExperimentConfig, run_dir: Path) -> Path:
     """Record every rollout the scenario trains on, sampled from the initial policy; a rollout
-    already recorded is checked, so that a damaged one is bad input before any job starts."""
+    already recorded is checked, so that a damaged one is bad input before any job starts.
+
+    With live rollout engines there is nothing to record: each side generates every rollout from its
+    own current policy, into its own ``rollout_data``.
+    """
     data_dir = rollout_data_dir(run_dir)
+    if cfg.mode.rollout_num_engines:
+        log.info("live rollout engines: each side generates its rollouts while it trains")
+        return data_dir
     model = build_model(cfg.trainer.model)
     for rollout_id in range(cfg.scenario.num_rollout):
         path = rollout_path(data_dir, rollout_id)

@@ -5,7 +5,8 @@ shard d of every rollout; with the torch engine (one rank per replica) the gradi
 SUM-reduced over the world here (a fixed-order fold in deterministic mode), with megatron its DDP
 reduces them over its data-parallel groups itself. Nothing here tolerates faults: this is the
 reference the fault-tolerant target must reproduce. The ranks of replica 0 write the dumps and
-checkpoints (one file per rank), rank 0 the metrics.
+checkpoints (one file per rank), rank 0 the metrics. With live rollout engines, rank 0 generates
+every rollout through them and replica 0 pushes its weights to them after every step.
 
 Witness ids: there is no driver and no retry, so every rank runs its own copy of the allocator
 from the same resumed counter (read once by the parent, after the event restore) and allocates
@@ -20,6 +21,7 @@ import multiprocessing as mp
 import sys
 import time
 
+import ray
 import torch
 import torch.distributed as dist
 
@@ -33,6 +35,9 @@ from ftexp.rollout.recorded import load_rollout
 from ftexp.rundir import rollout_path
 from ftexp.trainer.checkpoint import (complete_checkpoint, load_rank_state, resume_event, save_rank_state,
                                       start_event_log)
+from ftexp.trainer.driver import start_local_ray
+from ftexp.trainer.rollout_engines import (EngineAddresses, SideEngines, WeightPush, WeightPusher, record_update,
+                                           write_rollout)
 from ftexp.trainer.step import record_metrics, record_step_time, train_step
 from ftexp.trainer.store import LoopbackStore
 
@@ -41,7 +46,7 @@ NODE_DONE_GRACE_S = 60.0
 
 
 def _rank_main(spec: JobSpec, rank: int, world_size: int, store_port: int, witness_counter: int,
-               store_host: str = "127.0.0.1") -> None:
+               store_host: str = "127.0.0.1", engines: EngineAddresses | None = None) -> None:
     torch.set_num_threads(spec.trainer.threads_per_rank)
     torch.use_deterministic_algorithms(spec.deterministic)
     store = dist.TCPStore(store_host, store_port, is_master=False, timeout=dt.timedelta(seconds=60))
@@ -67,7 +72,24 @@ def _rank_main(spec: JobSpec, rank: int, world_size: int, store_port: int, witne
             sum_across(None, flat, world_size=world_size, deterministic=spec.deterministic, torchft=False)
         return True
 
+    pusher = WeightPusher() if engines is not None else None
+
+    def update_weights(rollout_id: int | None) -> None:
+        """Replica 0 pushes its weights to the engines: every rank takes part in the export (experts
+        may sit on any DP rank), replica 0's first rank sends."""
+        order = WeightPush(rollout_id=rollout_id, group_name=f"baseline-{spec.phase}", engine_urls=engines.engine_urls)
+        pushed = pusher.push(replica, order)
+        if pushed is not None:
+            record_update(events, engines, rollout_id, pushed)
+        dist.barrier()  # no rank generates from the engines before they hold the new weights
+
+    if engines is not None:  # the initial sync: the engines start from random weights
+        update_weights(None)
     for rollout_id in spec.rollout_ids():
+        if engines is not None:
+            if rank == 0:
+                write_rollout(spec, engines, rollout_id, events)
+            dist.barrier()
         rollout = load_rollout(rollout_path(spec.data_dir, rollout_id), expected_rollout_id=rollout_id)
         dump = (lambda: replica.dump(spec.side_dir.dump_leaf(rollout_id))) if dp_rank == 0 else (lambda: None)
         started = time.monotonic()
@@ -86,14 +108,18 @@ def _rank_main(spec: JobSpec, rank: int, world_size: int, store_port: int, witne
             if spec.should_save(rollout_id):
                 complete_checkpoint(spec.side_dir.ckpt, rollout_id, spec.side_dir.events)
         dist.barrier()
+        if engines is not None:
+            update_weights(rollout_id)
+    if pusher is not None:
+        pusher.close()
     dist.destroy_process_group()
 
 
 def _rank_entry(spec: JobSpec, rank: int, world_size: int, store_port: int, witness_counter: int,
-                store_host: str = "127.0.0.1") -> None:
+                store_host: str = "127.0.0.1", engines: EngineAddresses | None = None) -> None:
     logging.basicConfig(level=logging.INFO, stream=sys.stdout,
                         format=f"[%(asctime)s] dp_rank{rank} %(name)s: %(message)s", datefmt="%H:%M:%S")
-    _rank_main(spec, rank, world_size, store_port, witness_counter, store_host)
+    _rank_main(spec, rank, world_size, store_port, witness_counter, store_host, engines)
 
 
 def _meet_head(spec: JobSpec, node: int, files: NodeFiles | None, host: str, join_timeout_s: float):
@@ -131,6 +157,20 @@ def run_baseline(spec: JobSpec, node: int = 0, files: NodeFiles | None = None, h
 
 
 def _run_baseline_ranks(spec: JobSpec, node: int, files: NodeFiles | None, host: str, join_timeout_s: float) -> None:
+    side_engines = SideEngines(spec) if spec.live_rollout else None
+    try:
+        if side_engines is not None:  # engines are Ray actors: a private Ray instance for this side
+            start_local_ray(num_cpus=2)
+        engines = side_engines.start() if side_engines is not None else None
+        _run_ranks(spec, node, files, host, join_timeout_s, engines)
+    finally:
+        if side_engines is not None:
+            side_engines.stop()
+            ray.shutdown()
+
+
+def _run_ranks(spec: JobSpec, node: int, files: NodeFiles | None, host: str, join_timeout_s: float,
+               engines: EngineAddresses | None) -> None:
     store_host, store_port, witness_counter, store = _meet_head(spec, node, files, host, join_timeout_s)  # noqa: F841
     # Ranks fork from a server that imported the trainer (and megatron-core) once: 8 fresh
     # imports of megatron cost ~50 CPU-seconds on 2 cores. The server forks before any rank
@@ -140,7 +180,7 @@ def _run_baseline_ranks(spec: JobSpec, node: int, files: NodeFiles | None, host:
     ctx.set_forkserver_preload([__name__, *engine.preload_modules])
     world_size = spec.num_cells * engine.ranks_per_replica(spec.mode)
     ranks = range(world_size) if spec.placement is None else spec.placement.baseline_ranks_on(node)
-    procs = [ctx.Process(target=_rank_entry, args=(spec, r, world_size, store_port, witness_counter, store_host),
+    procs = [ctx.Process(target=_rank_entry, args=(spec, r, world_size, store_port, witness_counter, store_host, engines),
                          name=f"dp_rank{r}") for r in ranks]
     for p in procs:
         p.start()

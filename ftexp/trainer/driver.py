@@ -2,7 +2,9 @@
 
 Runs inside the launched training job. It starts a local Ray instance bound to 127.0.0.1, hosts
 the TCPStore on which the cross-cell groups rendezvous, builds the cells, and for every rollout:
-train (with retries and healing) → group-level test actions → checkpoint.
+train (with retries and healing) → group-level test actions → checkpoint. With live rollout
+engines, each rollout is first generated from the engines, and after it the first alive cell pushes
+its weights to them (``ftexp.trainer.rollout_engines``).
 """
 
 from __future__ import annotations
@@ -22,12 +24,13 @@ from ftexp.audit.witness import WitnessIdAllocator
 from ftexp.control.train_cells import ControlPlane
 from ftexp.engines.registry import get_engine
 from ftexp.faults.nodes import NodeFiles
-from ftexp.faults.plan import TestActionKind
+from ftexp.faults.plan import NegativeControl, TestActionKind
 from ftexp.job import JobSpec
 from ftexp.trainer.cell_rank import CellRank
 from ftexp.trainer.checkpoint import resume_event, start_event_log
 from ftexp.trainer.group import TrainGroup
 from ftexp.trainer.nodes import CellPlacer, restore_node
+from ftexp.trainer.rollout_engines import EngineAddresses, SideEngines, WeightPush, record_update, write_rollout
 from ftexp.trainer.step import record_step_time
 from ftexp.trainer.store import LoopbackStore
 
@@ -95,6 +98,27 @@ def _start_control_plane(spec: JobSpec, group: TrainGroup, events: EventLogger) 
     return plane
 
 
+def _update_weights(spec: JobSpec, group: TrainGroup, engines: EngineAddresses, events: EventLogger,
+                    rollout_id: int | None) -> None:
+    """The first alive cell pushes its weights to every engine; the engines' checksums become an event.
+
+    The weight-update group is named after the sending cell's incarnation, so it is formed anew
+    whenever the first alive cell changes. A healed cell is one in a later incarnation; from the first
+    heal on, the engine negative controls plant their bugs.
+    """
+    first = group.cells[group.alive_indices()[0]]
+    healed = any(c.incarnation > 0 for c in group.cells)
+    control = spec.trainer.negative_control if healed else None
+    urls = engines.engine_urls
+    if control == NegativeControl.stale_engine_after_heal:
+        urls = urls[:-1]
+    order = WeightPush(rollout_id=rollout_id, group_name=f"{spec.side}-cell{first.index}-{first.incarnation}-{len(urls)}",
+                       engine_urls=urls, send=control != NegativeControl.skip_engine_update_after_heal,
+                       transpose_one=spec.trainer.negative_control == NegativeControl.transposed_weight_conversion)
+    pushed = [c for c in group.execute_first_alive("update_weights", order) if c is not None]
+    record_update(events, engines, rollout_id, pushed[0])
+
+
 def _fail_fast(analyzer: IncrementalAnalyzer) -> None:
     """Stop the run at the first broken rule instead of training on from a corrupt state."""
     issues = analyzer.check()
@@ -128,10 +152,14 @@ def run_ft_driver(spec: JobSpec) -> None:
         group.on_allocated = placer.log_placement
     plane = watchdog = None
     soak = spec.soak
+    side_engines = SideEngines(spec) if spec.live_rollout else None
     try:
+        engines = side_engines.start() if side_engines is not None else None
         ranks_started = group.init(load_rollout_id=rollouts.start - 1 if spec.load_dir is not None else None)
         if spec.load_dir is not None:  # what was restored, for the verifier's absolute resume checks
             events.log(resume_event(spec, witness_counter, [r["last_rollout_id"] for r in ranks_started]))
+        if engines is not None:  # the initial sync: the engines start from random weights
+            _update_weights(spec, group, engines, events, None)
         if spec.control is not None and spec.control.enabled:
             plane = _start_control_plane(spec, group, events)
         if soak is not None:
@@ -139,6 +167,8 @@ def run_ft_driver(spec: JobSpec) -> None:
         for rollout_id in rollouts:
             if soak is not None:
                 time.sleep(soak.simulated_rollout_s)  # "generation": the window in which faults land
+            if engines is not None:
+                write_rollout(spec, engines, rollout_id, events)
             started = time.monotonic()
             _fail_fast(analyzer)  # on the previous rollout's events
             analyzed = time.monotonic()
@@ -151,8 +181,12 @@ def run_ft_driver(spec: JobSpec) -> None:
             _group_actions(spec, group, rollout_id)
             if spec.should_save(rollout_id):
                 group.execute_first_alive("save", rollout_id)
+            if engines is not None:
+                _update_weights(spec, group, engines, events, rollout_id)
         _fail_fast(analyzer)
     finally:
+        if side_engines is not None:
+            side_engines.stop()
         if watchdog is not None:
             watchdog.stop()
         if plane is not None:

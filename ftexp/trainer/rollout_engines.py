@@ -1,0 +1,149 @@
+"""A side's live rollout engines: start them, generate each rollout through them, push weights to them.
+
+Modes with ``rollout_num_engines > 0`` train on-policy. Each side (baseline and target) runs its own
+engines and router, owned by the side's parent process (the target's driver, the baseline's launcher):
+
+1. ``SideEngines.start``: the policy's HF config and tokenizer go to ``<side>/engines/model``; the
+   engines (one Ray actor each on CPU, sglang servers on GPUs) start from it, the sglang router in
+   front of them. The engines' weights are random until the first push.
+2. ``write_rollout`` (the driver, or the baseline's rank 0): one rollout generated through the router
+   from the current weights, written to the side's ``rollout_data/<id>.pt`` that every rank trains
+   on — after the match guard, the injected recorded rollout instead.
+3. ``WeightPusher.push`` (every rank of the replica that holds the weights: the target's first alive cell,
+   the baseline's replica 0): the replica's weights in HF layout, broadcast by its first rank to all
+   engines over a weight-update group; a new group whenever the sender changes (a crash or a heal
+   moved the first alive cell). Before the first rollout (the initial sync) and after every commit.
+4. ``record_update``: the engines' weight checksums, one ``InferenceEngineWeightChecksumEvent``, with
+   the checksums of what the trainer holds, so an engine left with stale weights shows.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from ftexp.audit.events import EventLogger, InferenceEngineWeightChecksumEvent, RolloutInjectedEvent
+from ftexp.config import RolloutBackend
+from ftexp.engines.base import Replica
+from ftexp.engines.registry import get_engine
+from ftexp.errors import InputError
+from ftexp.job import JobSpec
+from ftexp.rollout.client import EngineClient
+from ftexp.rollout.engine import EngineGroup, EngineGroupConfig
+from ftexp.rollout.live import check_injection, generate_live_rollout
+from ftexp.rollout.recorded import load_rollout, save_rollout
+from ftexp.rollout.router import Router
+from ftexp.rollout.server import ServerConfig
+from ftexp.rollout.tokenizer import write_ascii_tokenizer
+from ftexp.rollout.weight_sync import WeightSender, engine_checksums, tensor_checksums
+from ftexp.rundir import rollout_path
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EngineAddresses:
+    """What a process needs to use a side's engines: picklable, handed to ranks and actors."""
+
+    router_url: str
+    engine_urls: tuple[str, ...]
+
+
+class SideEngines:
+    """The engines and router of one side, owned by the process that starts them."""
+
+    def __init__(self, spec: JobSpec):
+        self.spec = spec
+        self.engines: EngineGroup | None = None
+        self.router: Router | None = None
+
+    def start(self) -> EngineAddresses:
+        rollout = self.spec.trainer.rollout
+        if rollout.backend != RolloutBackend.cpu:
+            raise InputError(f"rollout.backend={rollout.backend.value} needs GPUs and sglang (scripts/gpu_check.sh)")
+        model_dir = self.spec.side_dir.engine_model
+        get_engine(self.spec.trainer.engine).write_hf_model_dir(self.spec.mode, model_dir)
+        write_ascii_tokenizer(model_dir)
+        self.engines = EngineGroup(ServerConfig(model_path=str(model_dir)),
+                                   EngineGroupConfig(self.spec.mode.rollout_num_engines,
+                                                     start_timeout_s=rollout.engine_start_timeout_s))
+        urls = self.engines.start()
+        self.router = Router(log_path=self.spec.side_dir.root / "engines" / "router.log")
+        router_url = self.router.start(urls, tokenizer_path=model_dir)
+        log.info("%d rollout engines %s behind the sglang router %s", len(urls), urls, router_url)
+        return EngineAddresses(router_url=router_url, engine_urls=tuple(urls))
+
+    def stop(self) -> None:
+        if self.router is not None:
+            self.router.stop()
+        if self.engines is not None:
+            self.engines.stop()
+
+
+def write_rollout(spec: JobSpec, engines: EngineAddresses, rollout_id: int, events: EventLogger) -> None:
+    """Generate rollout ``rollout_id`` from the engines' current weights into the side's rollout file."""
+    vocab_size = get_engine(spec.trainer.engine).vocab_size(spec.mode)
+    with EngineClient(engines.router_url) as router:
+        batch = generate_live_rollout(router, rollout_id, spec.trainer.rollout, vocab_size)
+    inject = spec.inject
+    if inject is not None and rollout_id >= inject.start_rollout_id:
+        recorded = load_rollout(rollout_path(inject.data_dir, rollout_id), expected_rollout_id=rollout_id)
+        ratio = check_injection(batch, recorded, inject.min_match_ratio)
+        events.log(RolloutInjectedEvent(rollout_id=rollout_id, match_ratio=ratio, num_samples=len(batch["samples"]),
+                                        min_match_ratio=inject.min_match_ratio))
+        log.info("rollout %d: the live generation matches the recorded rollout (mean token ratio %.3f > %g); "
+                 "training on the recorded one", rollout_id, ratio, inject.min_match_ratio)
+        batch = recorded
+    save_rollout(batch, rollout_path(spec.data_dir, rollout_id))
+
+
+@dataclass(frozen=True)
+class WeightPush:
+    """One ``update_weights``: which engines form the group under which name, and what is sent."""
+
+    rollout_id: int | None              # None: the initial sync
+    group_name: str                     # a new name forms a new group (the sender or the engines changed)
+    engine_urls: tuple[str, ...]
+    send: bool = True                   # False only under a negative control (the engines keep stale weights)
+    transpose_one: bool = False         # negative control: one square tensor sent transposed
+
+
+class WeightPusher:
+    """The sending end of the weight-update group, kept by the rank that pushes (one group per name)."""
+
+    def __init__(self) -> None:
+        self.sender: WeightSender | None = None
+        self.group_name: str | None = None
+
+    def push(self, replica: Replica, order: WeightPush) -> dict[str, str] | None:
+        """Every rank of the replica calls this (the export is a collective); its first rank sends.
+
+        Returns the checksums of the weights the trainer holds (first rank), None on the others.
+        """
+        named = replica.export_hf()
+        if named is None:
+            return None
+        if order.transpose_one:
+            name = next(n for n, t in sorted(named.items()) if t.dim() == 2 and t.shape[0] == t.shape[1])
+            named = {**named, name: named[name].t().contiguous()}
+        if order.send:
+            if self.group_name != order.group_name:
+                self.close()
+                self.sender = WeightSender()
+                self.sender.connect(list(order.engine_urls), order.group_name)
+                self.group_name = order.group_name
+            self.sender.send(named, weight_version=str(order.rollout_id))
+        return tensor_checksums(named)
+
+    def close(self) -> None:
+        if self.sender is not None:
+            self.sender.close()
+        self.sender, self.group_name = None, None
+
+
+def record_update(events: EventLogger, engines: EngineAddresses, rollout_id: int | None,
+                  trainer_checksums: dict[str, str] | None) -> None:
+    """One event: every engine's weight checksums after an update, beside the trainer's."""
+    events.log(InferenceEngineWeightChecksumEvent(rollout_id=rollout_id,
+                                                  engine_checksums=engine_checksums(list(engines.engine_urls)),
+                                                  trainer_checksums=trainer_checksums))

@@ -21,19 +21,21 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 from ftexp.audit.events import EventLogger, InferenceEngineWeightChecksumEvent, RolloutInjectedEvent
 from ftexp.config import RolloutBackend
 from ftexp.engines.base import Replica
 from ftexp.engines.registry import get_engine
-from ftexp.errors import InputError
 from ftexp.job import JobSpec
 from ftexp.rollout.client import EngineClient
 from ftexp.rollout.engine import EngineGroup, EngineGroupConfig
 from ftexp.rollout.live import check_injection, generate_live_rollout
 from ftexp.rollout.recorded import load_rollout, save_rollout
+from ftexp.rollout.processes import free_port
 from ftexp.rollout.router import Router
 from ftexp.rollout.server import ServerConfig
+from ftexp.rollout.sglang_launcher import SglangServer, SglangServerSpec
 from ftexp.rollout.tokenizer import write_ascii_tokenizer
 from ftexp.rollout.weight_sync import WeightSender, engine_checksums, tensor_checksums
 from ftexp.rundir import rollout_path
@@ -55,29 +57,44 @@ class SideEngines:
     def __init__(self, spec: JobSpec):
         self.spec = spec
         self.engines: EngineGroup | None = None
+        self.sglang_servers: list[SglangServer] = []
         self.router: Router | None = None
 
     def start(self) -> EngineAddresses:
         rollout = self.spec.trainer.rollout
-        if rollout.backend != RolloutBackend.cpu:
-            raise InputError(f"rollout.backend={rollout.backend.value} needs GPUs and sglang (scripts/gpu_check.sh)")
         model_dir = self.spec.side_dir.engine_model
         get_engine(self.spec.trainer.engine).write_hf_model_dir(self.spec.mode, model_dir)
         write_ascii_tokenizer(model_dir)
-        self.engines = EngineGroup(ServerConfig(model_path=str(model_dir)),
-                                   EngineGroupConfig(self.spec.mode.rollout_num_engines,
-                                                     start_timeout_s=rollout.engine_start_timeout_s))
-        urls = self.engines.start()
+        if rollout.backend == RolloutBackend.cpu:
+            self.engines = EngineGroup(ServerConfig(model_path=str(model_dir)),
+                                       EngineGroupConfig(self.spec.mode.rollout_num_engines,
+                                                         start_timeout_s=rollout.engine_start_timeout_s))
+            urls = self.engines.start()
+        else:
+            urls = self._start_sglang(model_dir)
         self.router = Router(log_path=self.spec.side_dir.root / "engines" / "router.log")
         router_url = self.router.start(urls, tokenizer_path=model_dir)
         log.info("%d rollout engines %s behind the sglang router %s", len(urls), urls, router_url)
         return EngineAddresses(router_url=router_url, engine_urls=tuple(urls))
+
+    def _start_sglang(self, model_dir: Path) -> list[str]:
+        """One real sglang server per engine on its own GPUs; dummy weights until the first push."""
+        gpus = max(1, self.spec.mode.rollout_gpus_per_engine)
+        for index in range(self.spec.mode.rollout_num_engines):
+            server = SglangServer(SglangServerSpec(model_path=str(model_dir), port=free_port(), base_gpu_id=index * gpus,
+                                                   tp_size=gpus, extra_args=("--load-format", "dummy")),
+                                  log_path=self.spec.side_dir.root / "engines" / f"sglang_{index}.log")
+            self.sglang_servers.append(server)
+            server.start(timeout_s=self.spec.trainer.rollout.engine_start_timeout_s)
+        return [server.spec.url for server in self.sglang_servers]
 
     def stop(self) -> None:
         if self.router is not None:
             self.router.stop()
         if self.engines is not None:
             self.engines.stop()
+        for server in self.sglang_servers:
+            server.stop()
 
 
 def write_rollout(spec: JobSpec, engines: EngineAddresses, rollout_id: int, events: EventLogger) -> None:

@@ -12,8 +12,9 @@ sequence holds the weights' read lock from its first to its last token, so a wei
 write lock) waits for sequences in flight and no sequence mixes two weight versions.
 
 Weights are addressed by their Hugging Face checkpoint names (``hf_layout`` maps them onto the
-model's parameters, per-expert names onto fused expert tensors included). Checksums (``/weights_checker``) hash each checkpoint-named tensor with
-``ftexp.audit.checksums.tensor_hash``, so a sender can compute the expected ones from its own tensors.
+model's parameters, per-expert names onto fused expert tensors included). Checksums
+(``/weights_checker``) hash each checkpoint-named tensor with ``ftexp.audit.checksums.tensor_hash``,
+so a sender can compute the expected ones from its own tensors.
 """
 
 from __future__ import annotations
@@ -167,6 +168,8 @@ class CpuEngine:
         self._released: set[str] = set()
         self._group: weight_group.WeightGroup | None = None
         self._snapshot: dict[str, torch.Tensor] | None = None
+        self._running = 0  # sequences being decoded now
+        self._running_lock = threading.Lock()
 
     # ---- generation -----------------------------------------------------------------------------
     def generate(self, prompt: list[int], params: SamplingParams, return_logprob: bool,
@@ -186,7 +189,13 @@ class CpuEngine:
                 raise BadRequest(f"memory released ({', '.join(sorted(self._released))}): "
                                  "call /resume_memory_occupation first")
             version = self.weight_version
-            output_ids, logprobs, finish = self._decode(prompt, params)
+            with self._running_lock:
+                self._running += 1
+            try:
+                output_ids, logprobs, finish = self._decode(prompt, params)
+            finally:
+                with self._running_lock:
+                    self._running -= 1
         stop_trim = 1 if finish["type"] == "stop" and isinstance(finish.get("matched"), int) else 0
         text = self.tokenizer.decode(output_ids[:len(output_ids) - stop_trim])
         if finish["type"] == "stop" and isinstance(finish.get("matched"), str):
@@ -374,10 +383,11 @@ class CpuEngine:
                 "model_type": self.model_type, "architectures": self.architectures}
 
     def server_info(self) -> dict[str, Any]:
+        state = {"num_running_reqs": self._running, "paused": self._paused_mode, "released": sorted(self._released)}
         return {"model_path": self.model_path, "tokenizer_path": self.tokenizer_path,
                 "served_model_name": self.model_path, "tp_size": 1, "dp_size": 1, "pp_size": 1, "ep_size": 1,
                 "device": "cpu", "context_length": self.context_length, "weight_version": self.weight_version,
-                "random_seed": self.config.init_seed, "internal_states": [{}], "version": "ftexp-cpu"}
+                "random_seed": self.config.init_seed, "internal_states": [state], "version": "ftexp-cpu"}
 
 
 # ---- HTTP -------------------------------------------------------------------------------------------

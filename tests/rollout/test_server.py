@@ -147,7 +147,9 @@ def test_pause_abort_continue(start_engine):
     long = threading.Thread(target=lambda: results.update(long=a.generate(PROMPT, SamplingParams(max_new_tokens=240,
                                                                                                    sampling_seed=1))))
     long.start()
-    time.sleep(0.1)
+    deadline = time.monotonic() + 30
+    while a.server_info()["internal_states"][0]["num_running_reqs"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.005)
     a.pause_generation("abort")
     long.join(timeout=30)
     assert results["long"].finish_reason["type"] == "abort" and len(results["long"].output_ids) < 240

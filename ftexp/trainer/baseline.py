@@ -98,6 +98,8 @@ def _rank_main(spec: JobSpec, rank: int, world_size: int, store_port: int, witne
             events.log(allocation_event(rollout_id, 0, witness, allocator.counter))
         _, metrics = train_step(replica, rollout, rollout_id, 0, shard_rank=dp_rank, shard_size=dp_size,
                                 witness=witness, events=events, reduce=reduce, on_commit=dump)
+        if engines is not None:  # before the save: the checkpoint's event snapshot holds this update
+            update_weights(rollout_id)
         if dp_rank == 0 and spec.should_save(rollout_id):
             save_rank_state(replica, spec.side_dir.ckpt, rollout_id)
         dist.barrier()  # every rank's checkpoint file is written before rank 0 declares it complete
@@ -108,8 +110,6 @@ def _rank_main(spec: JobSpec, rank: int, world_size: int, store_port: int, witne
             if spec.should_save(rollout_id):
                 complete_checkpoint(spec.side_dir.ckpt, rollout_id, spec.side_dir.events)
         dist.barrier()
-        if engines is not None:
-            update_weights(rollout_id)
     if pusher is not None:
         pusher.close()
     dist.destroy_process_group()

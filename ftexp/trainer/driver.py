@@ -179,10 +179,10 @@ def run_ft_driver(spec: JobSpec) -> None:
             log.info("target rollout %d committed: loss=%.6f alive=%s", rollout_id, metrics.get("train/loss", float("nan")),
                      group.alive_indices())
             _group_actions(spec, group, rollout_id)
+            if engines is not None:  # before the save: the checkpoint's event snapshot holds this update
+                _update_weights(spec, group, engines, events, rollout_id)
             if spec.should_save(rollout_id):
                 group.execute_first_alive("save", rollout_id)
-            if engines is not None:
-                _update_weights(spec, group, engines, events, rollout_id)
         _fail_fast(analyzer)
     finally:
         if side_engines is not None:

@@ -3,7 +3,9 @@
 Not a comparison (only the target trains): the target must finish every rollout while random cells die, the injector
 must have landed at least ``min_injections`` faults, the group must have healed at least
 ``min_heals`` times, and every analyzer rule must hold on the event log. The report lists each
-injection's timeline (``recovery_rows``) and, per fault kind, median and max detection and recovery.
+injection's timeline (``recovery_rows``) and, per fault kind and over all injections
+(``recovery_figures``), median and max detection and recovery and the rollouts trained with fewer
+cells than configured per injection; ``soak_result`` is the part of that a sweep summary pools.
 """
 
 from __future__ import annotations
@@ -88,19 +90,37 @@ def recovery_rows(side: SideDir) -> list[dict]:
     return rows
 
 
-def _by_kind(rows: list[dict]) -> dict[str, dict[str, float | None]]:
-    """Median and max detection and recovery seconds per fault kind."""
-    figures = {}
-    for mode in sorted({r["mode"] for r in rows}):
-        of_kind = [r for r in rows if r["mode"] == mode]
-        entry = {}
-        for key in ("detection_s", "recovery_s"):
-            values = [r[key] for r in of_kind if r[key] is not None]
-            entry[f"median_{key}"] = round(statistics.median(values), 2) if values else None
-            entry[f"max_{key}"] = max(values) if values else None
-        entry["injections"] = len(of_kind)
-        figures[mode] = entry
-    return figures
+def recovery_figures(rows: list[dict]) -> dict[str, float | int | None]:
+    """Of these injections: median and max detection and recovery seconds (over those that got
+    there) and the rollouts trained with fewer cells than configured, per injection (mean, max)."""
+    entry: dict[str, float | int | None] = {"injections": len(rows)}
+    for key in ("detection_s", "recovery_s"):
+        values = [r[key] for r in rows if r[key] is not None]
+        entry[f"median_{key}"] = round(statistics.median(values), 2) if values else None
+        entry[f"max_{key}"] = max(values) if values else None
+    degraded = [r["degraded_rollouts"] for r in rows]
+    entry["mean_degraded_rollouts"] = round(statistics.mean(degraded), 2) if degraded else None
+    entry["max_degraded_rollouts"] = max(degraded) if degraded else None
+    return entry
+
+
+def figures_by_kind(rows: list[dict]) -> dict[str, dict[str, float | int | None]]:
+    """``recovery_figures`` per fault kind."""
+    return {mode: recovery_figures([r for r in rows if r["mode"] == mode]) for mode in sorted({r["mode"] for r in rows})}
+
+
+def soak_result(side: SideDir) -> dict | None:
+    """For ``result.json``: each injection's kind, detection, recovery and degraded rollouts (None: not a soak)."""
+    if not side.injections.is_file():
+        return None
+    keys = ("mode", "detection_s", "recovery_s", "degraded_rollouts")
+    return {"injections": [{k: row[k] for k in keys} for row in recovery_rows(side)]}
+
+
+def _figures_line(name: str, f: dict) -> str:
+    return (f"{name}: detection median {f['median_detection_s']} / max {f['max_detection_s']} s, "
+            f"recovery median {f['median_recovery_s']} / max {f['max_recovery_s']} s, "
+            f"degraded rollouts per injection mean {f['mean_degraded_rollouts']} / max {f['max_degraded_rollouts']}")
 
 
 def verify(cfg: ExperimentConfig, run_dir: Path) -> list[CheckResult]:
@@ -110,15 +130,13 @@ def verify(cfg: ExperimentConfig, run_dir: Path) -> list[CheckResult]:
     heals = [e for e in events if isinstance(e, CellReconfigureEvent) and e.healed_cell_indices]
     rows = recovery_rows(target)
     modes = sorted({r["mode"] for r in rows})
-    figures = _by_kind(rows)
+    by_kind, overall = figures_by_kind(rows), recovery_figures(rows)
     return [
         check_target_commits(target.events, list(range(cfg.scenario.num_rollout)), "target_commits"),
         CheckResult("injections", len(rows) >= soak.min_injections,
                     f"{len(rows)} accepted injections (modes {modes}), need >= {soak.min_injections}; "
-                    + "; ".join(f"{mode}: detection median {f['median_detection_s']} / max {f['max_detection_s']} s, "
-                                f"recovery median {f['median_recovery_s']} / max {f['max_recovery_s']} s"
-                                for mode, f in figures.items()),
-                    {"recoveries": rows, "by_kind": figures}),
+                    + "; ".join(_figures_line(name, f) for name, f in [("all", overall), *by_kind.items()]),
+                    {"recoveries": rows, "by_kind": by_kind, "overall": overall}),
         CheckResult("heals", len(heals) >= soak.min_heals,
                     f"{len(heals)} healing reconfigurations, need >= {soak.min_heals}",
                     {"heals": [{"rollout_id": h.rollout_id, "healed": h.healed_cell_indices, **h.timings} for h in heals]}),

@@ -3,7 +3,9 @@
 Every run writes it next to its report, so a sweep needs no job return values (sweep jobs return
 only through their result pickles): the summary reads each point's file from disk. ``status`` is
 the report's: PASSED or FAILED once a verification completed, else ERROR or INTERRUPTED with the
-one-line ``cause`` (``write_status_result``); only PASSED counts as a pass.
+one-line ``cause`` (``write_status_result``); only PASSED counts as a pass. A soak's result also
+carries each injection's kind, detection, recovery and degraded rollouts (``soak``), which the
+sweep summary pools per crash probability.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from typing import Any
 
 from ftexp.audit.events import CellReconfigureEvent, FaultInjectedEvent, read_events
 from ftexp.errors import file_error
-from ftexp.rundir import INJECTIONS_FILE, RESULT_FILE, TARGET
+from ftexp.rundir import INJECTIONS_FILE, RESULT_FILE, TARGET, side_dir
+from ftexp.scenarios.ft_random import soak_result
 from ftexp.verify.report import FAILED, PASSED, write_text_atomic
 
 __all__ = ["RESULT_FILE", "build_result", "result_passed", "write_result", "write_status_result"]
@@ -51,6 +54,7 @@ def build_result(run_dir: Path, verdict, overrides: list[str], wall_time_s: floa
     events = _target_events(run_dir)
     # Planned crashes log a fault event; a soak's random injections are listed by the harness.
     faults = sum(isinstance(e, FaultInjectedEvent) for e in events) + _injections(run_dir)
+    soak = soak_result(side_dir(run_dir, TARGET, ""))
     return {
         "run_dir": str(run_dir),
         "scenario": verdict.scenario,
@@ -63,6 +67,7 @@ def build_result(run_dir: Path, verdict, overrides: list[str], wall_time_s: floa
         "heals": sum(isinstance(e, CellReconfigureEvent) and bool(e.healed_cell_indices) for e in events),
         "final_metrics": final_metrics,
         "wall_time_s": round(wall_time_s, 1),
+        **({"soak": soak} if soak is not None else {}),
     }
 
 

@@ -5,6 +5,11 @@ point's ``result.json`` and writes ``sweep_summary.json``, ``sweep_summary.md`` 
 ``sweep_summary.png`` (pass rate per crash probability) into the sweep dir. A point passes only if
 its result file says PASSED: one whose verification did not complete (ERROR, INTERRUPTED), one that
 left no result file (its job died) or an unreadable one is a row that did not pass, never a missing one.
+
+Soak points also bring their injections: per crash probability, the injections of all its points
+are pooled into the recovery figures per fault kind and overall (median / max detection and
+recovery, degraded rollouts per injection), tabled in the summary and plotted against the crash
+probability in ``sweep_recovery.png``.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from ftexp.rundir import RESULT_FILE
+from ftexp.scenarios.ft_random import figures_by_kind, recovery_figures
 from ftexp.tracking.result import result_passed
 
 log = logging.getLogger("ftexp")
@@ -58,7 +64,19 @@ def summarize(sweep_dir: Path, num_jobs: int) -> dict[str, Any]:
         by_p[_crash_probability(row.get("overrides", []))].append(bool(row["passed"]))
     pass_rate = {p: sum(v) / len(v) for p, v in sorted(by_p.items())}
     return {"sweep_dir": str(sweep_dir), "points": rows, "pass_rate_by_crash_probability": pass_rate,
+            "recovery_by_crash_probability": _recovery_by_crash_probability(rows),
             "passed": sum(r["passed"] for r in rows), "total": len(rows)}
+
+
+def _recovery_by_crash_probability(rows: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """Crash probability -> {"all": figures, <fault kind>: figures} over the pooled injections of its soak points."""
+    pooled: dict[str, list[dict]] = defaultdict(list)
+    for row in rows:
+        soak = row.get("soak")
+        if isinstance(soak, dict):
+            pooled[_crash_probability(row.get("overrides", []))] += soak.get("injections", [])
+    return {p: {"all": recovery_figures(injections), **figures_by_kind(injections)}
+            for p, injections in sorted(pooled.items()) if injections}
 
 
 def render_markdown(summary: dict[str, Any]) -> str:
@@ -71,6 +89,16 @@ def render_markdown(summary: dict[str, Any]) -> str:
                      f"| {r.get('wall_time_s', '-')} |")
     lines += ["", "| crash probability | pass rate |", "|---|---|"]
     lines += [f"| {p} | {rate:.0%} |" for p, rate in summary["pass_rate_by_crash_probability"].items()]
+    recovery = summary["recovery_by_crash_probability"]
+    if recovery:
+        lines += ["", "Recovery per injection, pooled over each crash probability's soak points (seconds from the "
+                  "injection; degraded: rollouts trained with fewer cells than configured):", "",
+                  "| crash probability | fault kind | injections | detection median / max | recovery median / max "
+                  "| degraded rollouts mean / max |", "|---|---|---|---|---|---|"]
+        lines += [f"| {p} | {kind} | {f['injections']} | {f['median_detection_s']} / {f['max_detection_s']} "
+                  f"| {f['median_recovery_s']} / {f['max_recovery_s']} "
+                  f"| {f['mean_degraded_rollouts']} / {f['max_degraded_rollouts']} |"
+                  for p, kinds in recovery.items() for kind, f in kinds.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -91,11 +119,49 @@ def plot_pass_rate(summary: dict[str, Any], path: Path) -> None:
     fig.savefig(path)
 
 
+def _as_number(crash_probability: str) -> float | None:
+    try:
+        return float(crash_probability)
+    except ValueError:
+        return None
+
+
+def plot_recovery(summary: dict[str, Any], path: Path) -> None:
+    """Detection and recovery (median solid, max dashed) per fault kind against the crash probability."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    recovery = {p: kinds for p, kinds in summary["recovery_by_crash_probability"].items() if _as_number(p) is not None}
+    fig = Figure(figsize=(9, 3.5))
+    FigureCanvasAgg(fig)
+    kinds = sorted({kind for kinds in recovery.values() for kind in kinds}, key=lambda k: (k != "all", k))
+    for column, (key, title) in enumerate((("detection_s", "detection"), ("recovery_s", "recovery (healed back)"))):
+        ax = fig.add_subplot(1, 2, column + 1)
+        for n, kind in enumerate(kinds):
+            points = sorted(((_as_number(p), kinds_of_p[kind]) for p, kinds_of_p in recovery.items()
+                             if kind in kinds_of_p), key=lambda point: point[0])
+            color = f"C{n}"
+            for stat, style in (("median", "-o"), ("max", "--x")):
+                xs = [x for x, f in points if f[f"{stat}_{key}"] is not None]
+                ys = [f[f"{stat}_{key}"] for _, f in points if f[f"{stat}_{key}"] is not None]
+                ax.plot(xs, ys, style, color=color, label=f"{kind} {stat}" if column == 0 else None)
+        ax.set_xlabel("crash probability")
+        ax.set_ylabel("seconds after the injection")
+        ax.set_title(title)
+        ax.set_ylim(bottom=0)
+    if kinds:
+        fig.legend(loc="center right", fontsize="small")
+        fig.subplots_adjust(right=0.78, wspace=0.3, bottom=0.15)
+    fig.savefig(path)
+
+
 def write_summary(sweep_dir: Path, num_jobs: int) -> dict[str, Any]:
     summary = summarize(sweep_dir, num_jobs)
     (sweep_dir / "sweep_summary.json").write_text(json.dumps(summary, indent=2, default=str))
     (sweep_dir / "sweep_summary.md").write_text(render_markdown(summary))
     plot_pass_rate(summary, sweep_dir / "sweep_summary.png")
+    if summary["recovery_by_crash_probability"]:
+        plot_recovery(summary, sweep_dir / "sweep_recovery.png")
     log.info("sweep: %d/%d points passed — %s", summary["passed"], summary["total"], sweep_dir / "sweep_summary.md")
     return summary
 

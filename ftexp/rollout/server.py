@@ -304,8 +304,9 @@ class CpuEngine:
             timeout = self.config.weight_group_timeout_s
             try:
                 store = weight_group.store_client(master_address, master_port, timeout)
-                self._group = weight_group.join(store, group_name, rank_offset, world_size, timeout)
-            except (RuntimeError, ValueError) as exc:
+                self._group = weight_group.join(store, group_name, rank_offset, world_size, timeout,
+                                                device_host=weight_group.address_toward(master_address))
+            except (RuntimeError, ValueError, OSError) as exc:
                 raise BadRequest(f"cannot form weight-update group {group_name!r} via "
                                  f"{master_address}:{master_port}: {one_line(exc)}") from None
 

@@ -31,8 +31,11 @@ T = TypeVar("T")
 
 
 class WeightSender:
-    def __init__(self, timeout_s: float = 120.0) -> None:
+    """`host`: the address the engines reach this process at (loopback unless engines are on other nodes)."""
+
+    def __init__(self, timeout_s: float = 120.0, host: str = weight_group.LOOPBACK) -> None:
         self.timeout_s = timeout_s
+        self.host = host
         self.group: weight_group.WeightGroup | None = None
         self._master: weight_group.StoreMaster | None = None
         self._clients: list[EngineClient] = []
@@ -45,14 +48,14 @@ class WeightSender:
         if not engine_urls:
             raise ValueError("connect needs at least one engine URL")
         self.close()
-        master = self._master = weight_group.StoreMaster()
+        master = self._master = weight_group.StoreMaster(self.host)
         self._clients = [EngineClient(url, timeout_s=self.timeout_s) for url in engine_urls]
         world_size = 1 + ranks_per_engine * len(engine_urls)
         joins = [partial(c.init_weights_update_group, master.host, master.port, 1 + ranks_per_engine * i,
                          world_size, group_name, "gloo", self.timeout_s) for i, c in enumerate(self._clients)]
         try:
             self.group = _alongside_engines(
-                lambda: weight_group.join(master.store, group_name, 0, world_size, self.timeout_s), joins)
+                lambda: weight_group.join(master.store, group_name, 0, world_size, self.timeout_s, master.host), joins)
         except BaseException:
             self.close()
             raise

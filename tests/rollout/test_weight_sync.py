@@ -9,6 +9,7 @@ import torch
 from rollout.tiny_model import PROMPT, random_weights
 
 from ftexp.rollout.client import EngineClient, EngineError, SamplingParams
+from ftexp.rollout.processes import free_port
 from ftexp.rollout.weight_sync import WeightSender, engine_checksums, tensor_checksums
 
 SAMPLING = SamplingParams(temperature=0.8, max_new_tokens=12, sampling_seed=11)
@@ -75,3 +76,19 @@ def test_a_refused_update_loads_nothing_and_names_the_tensor(start_engine, weigh
         sender.send(bad_shape, weight_version="bad")
     assert engine_checksums(urls) == before
     assert EngineClient(urls[0]).get_weight_version() == "default"
+
+
+def test_an_unreachable_engine_fails_connect_at_once_naming_it(start_engine):
+    live = start_engine(weight_group_timeout_s=3)  # its half-formed group gives up soon after
+    dead = f"http://127.0.0.1:{free_port()}"
+    sender = WeightSender(timeout_s=3)
+    started = time.monotonic()
+    with pytest.raises(EngineError, match=f"POST {dead}/init_weights_update_group: cannot reach the engine"):
+        sender.connect([live, dead], "g")
+    assert time.monotonic() - started < 2.5  # not the group's timeout
+    assert sender.group is None
+    time.sleep(3.5)  # the live engine's join times out; then it forms a new group as usual
+    sender.connect([live], "g2")
+    sender.send({"model.norm.weight": torch.ones(64)}, weight_version="after")
+    assert EngineClient(live).get_weight_version() == "after"
+    sender.close()

@@ -20,6 +20,7 @@ import logging
 import multiprocessing as mp
 import sys
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import ray
 import torch
@@ -36,8 +37,8 @@ from ftexp.rundir import rollout_path
 from ftexp.trainer.checkpoint import (complete_checkpoint, load_rank_state, resume_event, save_rank_state,
                                       start_event_log)
 from ftexp.trainer.driver import start_local_ray
-from ftexp.trainer.rollout_engines import (EngineAddresses, SideEngines, WeightPush, WeightPusher, record_update,
-                                           write_rollout)
+from ftexp.trainer.rollout_engines import (SideEngines, WeightPush, WeightPusher, publish_engines, record_update,
+                                           wait_for_engines, write_rollout)
 from ftexp.trainer.step import record_metrics, record_step_time, train_step
 from ftexp.trainer.store import LoopbackStore
 
@@ -46,7 +47,7 @@ NODE_DONE_GRACE_S = 60.0
 
 
 def _rank_main(spec: JobSpec, rank: int, world_size: int, store_port: int, witness_counter: int,
-               store_host: str = "127.0.0.1", engines: EngineAddresses | None = None) -> None:
+               store_host: str = "127.0.0.1") -> None:
     torch.set_num_threads(spec.trainer.threads_per_rank)
     torch.use_deterministic_algorithms(spec.deterministic)
     store = dist.TCPStore(store_host, store_port, is_master=False, timeout=dt.timedelta(seconds=60))
@@ -72,6 +73,7 @@ def _rank_main(spec: JobSpec, rank: int, world_size: int, store_port: int, witne
             sum_across(None, flat, world_size=world_size, deterministic=spec.deterministic, torchft=False)
         return True
 
+    engines = wait_for_engines(store, spec.trainer.rollout.engine_start_timeout_s) if spec.live_rollout else None
     pusher = WeightPusher() if engines is not None else None
 
     def update_weights(rollout_id: int | None) -> None:
@@ -116,10 +118,10 @@ def _rank_main(spec: JobSpec, rank: int, world_size: int, store_port: int, witne
 
 
 def _rank_entry(spec: JobSpec, rank: int, world_size: int, store_port: int, witness_counter: int,
-                store_host: str = "127.0.0.1", engines: EngineAddresses | None = None) -> None:
+                store_host: str = "127.0.0.1") -> None:
     logging.basicConfig(level=logging.INFO, stream=sys.stdout,
                         format=f"[%(asctime)s] dp_rank{rank} %(name)s: %(message)s", datefmt="%H:%M:%S")
-    _rank_main(spec, rank, world_size, store_port, witness_counter, store_host, engines)
+    _rank_main(spec, rank, world_size, store_port, witness_counter, store_host)
 
 
 def _meet_head(spec: JobSpec, node: int, files: NodeFiles | None, host: str, join_timeout_s: float):
@@ -157,21 +159,25 @@ def run_baseline(spec: JobSpec, node: int = 0, files: NodeFiles | None = None, h
 
 
 def _run_baseline_ranks(spec: JobSpec, node: int, files: NodeFiles | None, host: str, join_timeout_s: float) -> None:
-    side_engines = SideEngines(spec) if spec.live_rollout else None
+    store_host, store_port, witness_counter, store = _meet_head(spec, node, files, host, join_timeout_s)
+    side_engines = starting = None
+    if spec.live_rollout:  # engines are Ray actors: a private Ray instance for this side
+        start_local_ray(num_cpus=2)
+        side_engines = SideEngines(spec)
+        # The engines start while the ranks import and build their models; every rank waits for
+        # their addresses on the store before the initial weight sync.
+        starting = ThreadPoolExecutor(1).submit(lambda: publish_engines(store.store, side_engines.start()))
     try:
-        if side_engines is not None:  # engines are Ray actors: a private Ray instance for this side
-            start_local_ray(num_cpus=2)
-        engines = side_engines.start() if side_engines is not None else None
-        _run_ranks(spec, node, files, host, join_timeout_s, engines)
+        _run_ranks(spec, node, files, store_host, store_port, witness_counter, starting)
     finally:
         if side_engines is not None:
+            starting.exception()  # let a start in flight finish before stopping what it started
             side_engines.stop()
             ray.shutdown()
 
 
-def _run_ranks(spec: JobSpec, node: int, files: NodeFiles | None, host: str, join_timeout_s: float,
-               engines: EngineAddresses | None) -> None:
-    store_host, store_port, witness_counter, store = _meet_head(spec, node, files, host, join_timeout_s)  # noqa: F841
+def _run_ranks(spec: JobSpec, node: int, files: NodeFiles | None, store_host: str, store_port: int,
+               witness_counter: int, engines_starting: Future | None) -> None:
     # Ranks fork from a server that imported the trainer (and megatron-core) once: 8 fresh
     # imports of megatron cost ~50 CPU-seconds on 2 cores. The server forks before any rank
     # creates threads or process groups, so each rank still starts clean.
@@ -180,7 +186,7 @@ def _run_ranks(spec: JobSpec, node: int, files: NodeFiles | None, host: str, joi
     ctx.set_forkserver_preload([__name__, *engine.preload_modules])
     world_size = spec.num_cells * engine.ranks_per_replica(spec.mode)
     ranks = range(world_size) if spec.placement is None else spec.placement.baseline_ranks_on(node)
-    procs = [ctx.Process(target=_rank_entry, args=(spec, r, world_size, store_port, witness_counter, store_host, engines),
+    procs = [ctx.Process(target=_rank_entry, args=(spec, r, world_size, store_port, witness_counter, store_host),
                          name=f"dp_rank{r}") for r in ranks]
     for p in procs:
         p.start()
@@ -195,6 +201,8 @@ def _run_ranks(spec: JobSpec, node: int, files: NodeFiles | None, host: str, joi
                 done_since = done_since or time.monotonic()
                 if time.monotonic() - done_since > NODE_DONE_GRACE_S:
                     failed = [("node0", "the head finished while this node's ranks still ran")]
+        if not failed and engines_starting is not None and engines_starting.done() and engines_starting.exception():
+            failed = [("rollout engines", str(engines_starting.exception()))]
         if failed:
             for p in procs:
                 p.terminate()

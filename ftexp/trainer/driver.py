@@ -15,6 +15,7 @@ import os
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import ray
 
@@ -153,11 +154,13 @@ def run_ft_driver(spec: JobSpec) -> None:
     plane = watchdog = None
     soak = spec.soak
     side_engines = SideEngines(spec) if spec.live_rollout else None
+    # The engines start while the cells do; the first weight push waits for both.
+    starting = ThreadPoolExecutor(1).submit(side_engines.start) if side_engines is not None else None
     try:
-        engines = side_engines.start() if side_engines is not None else None
         ranks_started = group.init(load_rollout_id=rollouts.start - 1 if spec.load_dir is not None else None)
         if spec.load_dir is not None:  # what was restored, for the verifier's absolute resume checks
             events.log(resume_event(spec, witness_counter, [r["last_rollout_id"] for r in ranks_started]))
+        engines = starting.result() if starting is not None else None
         if engines is not None:  # the initial sync: the engines start from random weights
             _update_weights(spec, group, engines, events, None)
         if spec.control is not None and spec.control.enabled:
@@ -186,6 +189,7 @@ def run_ft_driver(spec: JobSpec) -> None:
         _fail_fast(analyzer)
     finally:
         if side_engines is not None:
+            starting.exception()  # let a start in flight finish before stopping what it started
             side_engines.stop()
         if watchdog is not None:
             watchdog.stop()

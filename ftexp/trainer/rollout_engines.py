@@ -19,9 +19,14 @@ engines and router, owned by the side's parent process (the target's driver, the
 
 from __future__ import annotations
 
+import dataclasses
+import datetime as dt
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+
+from torch.distributed import Store
 
 from ftexp.audit.events import EventLogger, InferenceEngineWeightChecksumEvent, RolloutInjectedEvent
 from ftexp.config import RolloutBackend
@@ -95,6 +100,20 @@ class SideEngines:
             self.engines.stop()
         for server in self.sglang_servers:
             server.stop()
+
+
+ENGINES_KEY = "rollout_engines"
+
+
+def publish_engines(store: Store, engines: EngineAddresses) -> None:
+    """Hand the engines' addresses to processes that started before the engines were up."""
+    store.set(ENGINES_KEY, json.dumps(dataclasses.asdict(engines)))
+
+
+def wait_for_engines(store: Store, timeout_s: float) -> EngineAddresses:
+    store.wait([ENGINES_KEY], dt.timedelta(seconds=timeout_s))
+    fields = json.loads(store.get(ENGINES_KEY))
+    return EngineAddresses(router_url=fields["router_url"], engine_urls=tuple(fields["engine_urls"]))
 
 
 def write_rollout(spec: JobSpec, engines: EngineAddresses, rollout_id: int, events: EventLogger) -> None:

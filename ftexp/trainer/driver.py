@@ -104,11 +104,11 @@ def _update_weights(spec: JobSpec, group: TrainGroup, engines: EngineAddresses, 
     """The first alive cell pushes its weights to every engine; the engines' checksums become an event.
 
     The weight-update group is named after the sending cell's incarnation, so it is formed anew
-    whenever the first alive cell changes. A healed cell is one in a later incarnation; from the first
-    heal on, the engine negative controls plant their bugs.
+    whenever the first alive cell changes. A restarted cell is in its second incarnation or later;
+    from the first restart on, the engine negative controls plant their bugs.
     """
     first = group.cells[group.alive_indices()[0]]
-    healed = any(c.incarnation > 0 for c in group.cells)
+    healed = any(c.incarnation > 1 for c in group.cells)
     control = spec.trainer.negative_control if healed else None
     urls = engines.engine_urls
     if control == NegativeControl.stale_engine_after_heal:

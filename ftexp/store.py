@@ -24,3 +24,9 @@ class LoopbackStore:
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
+
+    def close(self) -> None:
+        # The store server owns the listening socket from now on and closes it when it goes away
+        # (the last member's handle on it dropped); closing it here too would close a stranger's fd.
+        self.store = None
+        self._sock.detach()

@@ -22,25 +22,6 @@ import torch.distributed as dist
 LOOPBACK = "127.0.0.1"
 
 
-class StoreMaster:
-    """A TCPStore server on a loopback port of its own (torch would otherwise bind every interface)."""
-
-    def __init__(self, host: str = LOOPBACK) -> None:
-        self.host = host
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._sock.bind((host, 0))
-        self._sock.listen(128)
-        self.port = self._sock.getsockname()[1]
-        self.store = dist.TCPStore(host, self.port, is_master=True, wait_for_workers=False,
-                                   master_listen_fd=self._sock.fileno())
-
-    def close(self) -> None:
-        # The store server owns the listening socket from now on and closes it when it goes away
-        # (the last member's handle on it dropped); closing it here too would close a stranger's fd.
-        self.store = None
-        self._sock.detach()
-
-
 @dataclass
 class WeightGroup:
     """One member's handle on a formed group."""

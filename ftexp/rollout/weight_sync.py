@@ -24,6 +24,7 @@ import torch
 from ftexp.audit.checksums import tensor_hash
 from ftexp.errors import one_line
 from ftexp.rollout import weight_group
+from ftexp.store import LoopbackStore
 from ftexp.rollout.client import EngineClient, EngineError, dtype_name
 
 log = logging.getLogger(__name__)
@@ -37,7 +38,7 @@ class WeightSender:
         self.timeout_s = timeout_s
         self.host = host
         self.group: weight_group.WeightGroup | None = None
-        self._master: weight_group.StoreMaster | None = None
+        self._master: LoopbackStore | None = None
         self._clients: list[EngineClient] = []
 
     def connect(self, engine_urls: list[str], group_name: str, ranks_per_engine: int = 1) -> None:
@@ -48,7 +49,7 @@ class WeightSender:
         if not engine_urls:
             raise ValueError("connect needs at least one engine URL")
         self.close()
-        master = self._master = weight_group.StoreMaster(self.host)
+        master = self._master = LoopbackStore(self.host)
         self._clients = [EngineClient(url, timeout_s=self.timeout_s) for url in engine_urls]
         world_size = 1 + ranks_per_engine * len(engine_urls)
         joins = [partial(c.init_weights_update_group, master.host, master.port, 1 + ranks_per_engine * i,

@@ -40,7 +40,7 @@ from ftexp.trainer.driver import start_local_ray
 from ftexp.trainer.rollout_engines import (SideEngines, WeightPush, WeightPusher, publish_engines, record_update,
                                            wait_for_engines, write_rollout)
 from ftexp.trainer.step import record_metrics, record_step_time, train_step
-from ftexp.trainer.store import LoopbackStore
+from ftexp.store import LoopbackStore
 
 log = logging.getLogger(__name__)
 NODE_DONE_GRACE_S = 60.0

@@ -33,7 +33,7 @@ from ftexp.trainer.group import TrainGroup
 from ftexp.trainer.nodes import CellPlacer, restore_node
 from ftexp.trainer.rollout_engines import EngineAddresses, SideEngines, WeightPush, record_update, write_rollout
 from ftexp.trainer.step import record_step_time
-from ftexp.trainer.store import LoopbackStore
+from ftexp.store import LoopbackStore
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from test_loopback import _foreign_sockets
+from loopback_probe import foreign_sockets
 from test_slurm import TIMEOUT_MIN, _slurm_unavailable
 
 pytestmark = pytest.mark.e2e
@@ -87,7 +87,7 @@ def test_a_node_fault_on_two_nodes_shrinks_its_cells_together_heals_them_and_sta
             owners = {int(p) for p in re.findall(r"pid=(\d+)", line)} & set(marked)
             for pid in owners:
                 seen_nodes[marked[pid]] = seen_nodes.get(marked[pid], 0) + 1
-        bad += _foreign_sockets(set(marked))
+        bad += foreign_sockets(set(marked))
         time.sleep(0.5)
     if proc.poll() is None:
         proc.kill()

@@ -24,7 +24,7 @@ from ftexp.engines.megatron.hf_export import to_hf
 from ftexp.rollout.client import SamplingParams
 from ftexp.rollout.live import sampling_seed
 from ftexp.rollout.server import CpuEngine, ServerConfig
-from e2e.test_loopback import _descendants, _foreign_sockets
+from loopback_probe import descendants, foreign_sockets
 from ftexp_runner import run_ftexp
 
 pytestmark = pytest.mark.e2e
@@ -71,12 +71,12 @@ def _run_on_loopback(root: Path, name: str, *overrides: str) -> Path:
                                 stdout=out, stderr=subprocess.STDOUT)
         router_sockets, bad = 0, []
         while proc.poll() is None:
-            pids = _descendants(proc.pid)
+            pids = descendants(proc.pid)
             routers = {p for p in pids if b"sglang_router" in _cmdline(p)}
             listing = subprocess.run(["ss", "-tanpH"], capture_output=True, text=True).stdout
             router_sockets += sum(1 for line in listing.splitlines()
                                   if {int(p) for p in re.findall(r"pid=(\d+)", line)} & routers)
-            bad += _foreign_sockets(pids)
+            bad += foreign_sockets(pids)
             time.sleep(0.5)
     assert proc.returncode == 0, (root / f"{name}.out").read_text()[-3000:]
     assert router_sockets > 0, "the probe saw no socket of the sglang router"

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import ray
-from e2e.test_loopback import _descendants, _foreign_sockets
+from loopback_probe import descendants, foreign_sockets
 from rollout.tiny_model import PROMPT, random_weights
 
 from ftexp.rollout.client import EngineClient, SamplingParams
@@ -84,12 +84,12 @@ def test_a_sender_process_updates_the_actor_engines(engines, router, weight_shap
 
 def test_router_and_engines_use_only_loopback(engines, router):
     EngineClient(router.url).generate(PROMPT, _sampling(4))  # router <-> engine connections are open
-    pids = _descendants(router.pid) | set(engines.pids()) | {os.getpid()}
+    pids = descendants(router.pid) | set(engines.pids()) | {os.getpid()}
     out = subprocess.run(["ss", "-tanpH"], capture_output=True, text=True, check=True).stdout
     owners = [line for line in out.splitlines() if f"pid={router.pid}," in line]
     assert any("LISTEN" in line for line in owners), "the probe saw no socket of the router"
     assert any(f"pid={pid}," in out for pid in engines.pids()), "the probe saw no socket of an engine"
-    assert _foreign_sockets(pids) == []
+    assert foreign_sockets(pids) == []
 
 
 def test_simulated_crash_stops_serving_but_not_the_actor(engines):
@@ -106,9 +106,9 @@ def test_the_loopback_probe_can_fail():
                               "s = socket.socket(); s.bind(('0.0.0.0', 0)); s.listen(); time.sleep(30)"])
     try:
         deadline = time.monotonic() + 20
-        while not _foreign_sockets({probe.pid}) and time.monotonic() < deadline:
+        while not foreign_sockets({probe.pid}) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert _foreign_sockets({probe.pid}) != []
+        assert foreign_sockets({probe.pid}) != []
     finally:
         probe.kill()
         probe.wait()

@@ -21,7 +21,7 @@ from ftexp.trainer.cell import CellState
 from ftexp.trainer.cell_rank import CellRank
 from ftexp.trainer.driver import start_local_ray
 from ftexp.trainer.group import RetryableStepError, TrainGroup
-from ftexp.trainer.store import LoopbackStore
+from ftexp.store import LoopbackStore
 
 CROSS_CELL_TIMEOUT_S = 60.0  # what the survivors would wait without the release
 FROZEN_FOR_S = 2.0           # how long the survivors wait in the rendezvous before the frozen cell is suspended

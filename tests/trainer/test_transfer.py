@@ -6,7 +6,7 @@ import torch
 import torch.multiprocessing as mp
 
 from ftexp.trainer import transfer
-from ftexp.trainer.store import LoopbackStore
+from ftexp.store import LoopbackStore
 
 
 def _state():

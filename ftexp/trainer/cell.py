@@ -61,7 +61,7 @@ class CellState(enum.Enum):
 class Cell:
     index: int
     # (cell index, incarnation) -> actor handles, one per rank in the cell. The incarnation
-    # counts allocations, so a restarted cell's ranks rendezvous apart from their predecessors.
+    # counts the sets of actors created, so a restarted cell's ranks rendezvous apart from their predecessors.
     make_actors: Callable[[int, int], list[Any]]
     state: CellState = CellState.PENDING
     actors: list[Any] = field(default_factory=list)

@@ -1,5 +1,6 @@
 """Run ``python -m ftexp`` as a user would; tests assert on the exit code, output and run dir."""
 
+import json
 import os
 import subprocess
 import sys
@@ -9,3 +10,16 @@ from pathlib import Path
 def run_ftexp(*overrides: str, cwd: Path, timeout: float = 900) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "ftexp", *overrides], cwd=cwd, capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def report_checks(run_dir: Path) -> dict[str, dict]:
+    """The run's report.json checks by name."""
+    return {c["name"]: c for c in json.loads((run_dir / "report.json").read_text())["checks"]}
+
+
+def assert_passed(run_dir: Path, result: subprocess.CompletedProcess) -> dict[str, dict]:
+    """Exit 0 and every check of the report passed; the checks by name."""
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    checks = report_checks(run_dir)
+    assert all(c["passed"] for c in checks.values()), [c["summary"] for c in checks.values() if not c["passed"]]
+    return checks

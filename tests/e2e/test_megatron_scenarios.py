@@ -5,7 +5,6 @@ TP+SP+CP+EP without failures, PP+CP through a crash, shrink and heal, bitwise de
 deliberately broken heal on one-rank megatron cells. Negative controls must turn the verdict red.
 """
 
-import json
 import shutil
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import megatron.core  # noqa: F401  (a required dependency: a broken install fai
 import pytest
 import torch
 
-from ftexp_runner import run_ftexp
+from ftexp_runner import assert_passed, report_checks, run_ftexp
 
 pytestmark = pytest.mark.e2e
 
@@ -28,20 +27,9 @@ def _run(root: Path, name: str, *overrides: str):
     return run_dir, run_ftexp(*overrides, f"hydra.run.dir={run_dir}", cwd=root, timeout=1200)
 
 
-def _checks(run_dir: Path) -> dict[str, dict]:
-    return {c["name"]: c for c in json.loads((run_dir / "report.json").read_text())["checks"]}
-
-
-def _passed(run_dir: Path, result) -> dict[str, dict]:
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    checks = _checks(run_dir)
-    assert all(c["passed"] for c in checks.values())
-    return checks
-
-
 def test_tp_sp_cp_ep_cells_match_plain_dp(runs, tmp_path):
     run_dir, result = _run(runs, "tp2_ep2", "mode=dp2_cp2_tp2_ep2", "scenario=no_failure")
-    checks = _passed(run_dir, result)
+    checks = assert_passed(run_dir, result)
     # Every rank of cell 0 dumped under its own coordinates; experts split over EP ranks.
     leaf = run_dir / "target" / "dumps" / "fwd_bwd" / "rollout_0"
     coords = {tuple(p.name.split("___")[-4:]) for p in leaf.glob("*.pt")}
@@ -61,7 +49,7 @@ def test_tp_sp_cp_ep_cells_match_plain_dp(runs, tmp_path):
     result = run_ftexp("mode=dp2_cp2_tp2_ep2", "scenario=no_failure", "stage=compare", f"run_dir={copy}",
                        f"hydra.run.dir={tmp_path}/compare", cwd=tmp_path, timeout=300)
     assert result.returncode == 1
-    checks = _checks(copy)
+    checks = report_checks(copy)
     assert checks["dumps"]["passed"]
     assert [(f["name"], f["key"]["cp"]) for f in checks["dumps_fp32"]["details"]["not_passed"]] == [
         ("grad__decoder.layers.2.mlp.experts.local_experts.1.linear_fc2.weight", "1")]
@@ -69,7 +57,7 @@ def test_tp_sp_cp_ep_cells_match_plain_dp(runs, tmp_path):
 
 def test_pp_cp_cells_crash_shrink_and_heal(runs):
     run_dir, result = _run(runs, "pp2_with_failure", "mode=dp2_cp2_pp2", "scenario=with_failure")
-    checks = _passed(run_dir, result)
+    checks = assert_passed(run_dir, result)
     assert checks["phase_b/target_reconfigures"]["details"]["actual"] == [
         {"rollout_id": 2, "src_cell_index": None, "healed_cell_indices": [], "alive_cell_indices_after": [0]},
         {"rollout_id": 3, "src_cell_index": 0, "healed_cell_indices": [1], "alive_cell_indices_after": [0, 1]},
@@ -85,7 +73,7 @@ def test_pp_cp_cells_crash_shrink_and_heal(runs):
 
 def test_one_rank_megatron_cells_are_bitwise_and_a_heal_without_optimizer_state_is_caught(runs, tmp_path):
     run_dir, result = _run(runs, "deterministic", "mode=dp2", "trainer.engine=megatron", "scenario=deterministic")
-    checks = _passed(run_dir, result)
+    checks = assert_passed(run_dir, result)
     assert len(checks["phase_b/target_reconfigures"]["details"]["actual"]) == 2
 
     # Negative control: re-train phase_b's target with a heal that drops the optimizer state. Weights
@@ -96,5 +84,5 @@ def test_one_rank_megatron_cells_are_bitwise_and_a_heal_without_optimizer_state_
                        "phase=phase_b", f"run_dir={copy}", "trainer.negative_control=skip_optimizer_transfer",
                        cwd=tmp_path, timeout=600)
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
-    failure = _checks(copy)["training"]["summary"]
+    failure = report_checks(copy)["training"]["summary"]
     assert "cross_replica_weight_checksum" in failure and "optimizer_hashes" in failure, failure

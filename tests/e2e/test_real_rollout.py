@@ -8,7 +8,6 @@ baseline's rollouts after the heal, through the match guard. Negative controls p
 weight-sync path can have and must turn the verdict red, naming the check.
 """
 
-import json
 import re
 import shutil
 import subprocess
@@ -25,7 +24,7 @@ from ftexp.rollout.client import SamplingParams
 from ftexp.rollout.live import sampling_seed
 from ftexp.rollout.server import CpuEngine, ServerConfig
 from loopback_probe import descendants, foreign_sockets
-from ftexp_runner import run_ftexp
+from ftexp_runner import assert_passed, report_checks, run_ftexp
 
 pytestmark = pytest.mark.e2e
 # Smaller rollouts than the modes' default (32 prompts x 8): 8 prompts x 4 samples keep every run
@@ -41,17 +40,6 @@ def runs(tmp_path_factory):
 def _run(root: Path, name: str, *overrides: str):
     run_dir = root / name
     return run_dir, run_ftexp(*overrides, f"hydra.run.dir={run_dir}", cwd=root, timeout=1500)
-
-
-def _checks(run_dir: Path) -> dict[str, dict]:
-    return {c["name"]: c for c in json.loads((run_dir / "report.json").read_text())["checks"]}
-
-
-def _passed(run_dir: Path, result) -> dict[str, dict]:
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    checks = _checks(run_dir)
-    assert all(c["passed"] for c in checks.values()), [c["summary"] for c in checks.values() if not c["passed"]]
-    return checks
 
 
 def _dumped_weights(leaf: Path) -> dict[str, torch.Tensor]:
@@ -93,7 +81,7 @@ def _cmdline(pid: int) -> bytes:
 
 def test_no_failure_trains_on_policy_on_loopback(runs):
     run_dir = _run_on_loopback(runs, "nf", "mode=dp2_cp2_real_rollout_dense", "scenario=no_failure", *SMALL)
-    checks = _checks(run_dir)
+    checks = report_checks(run_dir)
     assert all(c["passed"] for c in checks.values())
     for side in ("baseline", "target"):
         assert checks[f"{side}_engine_updates"]["details"]["updates"] == [None, 0, 1]
@@ -139,13 +127,13 @@ def _target_again(run_dir: Path, tmp_path: Path, mode: str, scenario: str, contr
     result = run_ftexp(f"mode={mode}", f"scenario={scenario}", *SMALL, "stage=target", "phase=phase_b",
                        f"run_dir={copy}", f"trainer.negative_control={control}", cwd=tmp_path, timeout=900)
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
-    return _checks(copy)["training"]["summary"]
+    return report_checks(copy)["training"]["summary"]
 
 
 def test_with_failure_trains_on_the_baseline_rollouts_after_the_heal(runs, tmp_path):
     mode = "dp2_cp2_real_rollout_dense"
     run_dir, result = _run(runs, "wf", f"mode={mode}", "scenario=with_failure", *SMALL)
-    checks = _passed(run_dir, result)
+    checks = assert_passed(run_dir, result)
     assert [r["healed_cell_indices"] for r in checks["phase_b/target_reconfigures"]["details"]["actual"]] == [[], [1]]
     # From the heal (rollout 3) on, each rollout was generated live, matched the baseline's and was replaced by it.
     ratios = checks["phase_b/rollout_injection"]["details"]["match_ratios"]
@@ -168,7 +156,7 @@ def test_with_failure_trains_on_the_baseline_rollouts_after_the_heal(runs, tmp_p
 
 def test_deterministic_pushes_bitwise_equal_weights_to_the_engines(runs):
     run_dir, result = _run(runs, "det", "mode=dp2_cp2_real_rollout", "scenario=deterministic", *SMALL)
-    checks = _passed(run_dir, result)
+    checks = assert_passed(run_dir, result)
     # phase_b's events include phase_a's, restored from its checkpoint.
     for phase, rollouts in (("phase_a", [0, 1, 2]), ("phase_b", [0, 1, 2, 3, 4, 5, 6])):
         assert checks[f"{phase}/engine_checksums"]["details"]["rollouts"] == rollouts

@@ -78,7 +78,7 @@ def generate_live_rollout(router: EngineClient, rollout_id: int, cfg: RolloutCon
     return {"rollout_id": rollout_id, "metadata": rollout_metadata(cfg, len(samples), live=True), "samples": samples}
 
 
-class RolloutMismatch(RuntimeError):
+class RolloutMismatchError(RuntimeError):
     """The live generation does not match the rollout that was to be injected in its place."""
 
 
@@ -90,21 +90,21 @@ def response_match_ratio(generated: list[int], recorded: list[int]) -> float:
 
 
 def check_injection(generated: dict[str, Any], recorded: dict[str, Any], min_match_ratio: float) -> float:
-    """The match guard: raise RolloutMismatch unless ``recorded`` may stand in for ``generated``; the mean ratio."""
+    """The match guard: raise RolloutMismatchError unless ``recorded`` may stand in for ``generated``; the mean ratio."""
     gen, rec = generated["samples"], recorded["samples"]
     if len(gen) != len(rec):
-        raise RolloutMismatch(f"rollout {generated['rollout_id']}: {len(gen)} generated samples, "
+        raise RolloutMismatchError(f"rollout {generated['rollout_id']}: {len(gen)} generated samples, "
                               f"{len(rec)} recorded")
     ratios = []
     for index, (a, b) in enumerate(zip(gen, rec)):
         prompt_a = a["tokens"][:len(a["tokens"]) - a["response_length"]]
         prompt_b = b["tokens"][:len(b["tokens"]) - b["response_length"]]
         if prompt_a != prompt_b:
-            raise RolloutMismatch(f"rollout {generated['rollout_id']} sample {index}: prompts differ")
+            raise RolloutMismatchError(f"rollout {generated['rollout_id']} sample {index}: prompts differ")
         ratios.append(response_match_ratio(a["tokens"][len(prompt_a):], b["tokens"][len(prompt_b):]))
     mean = sum(ratios) / len(ratios)
     if not mean > min_match_ratio:
-        raise RolloutMismatch(f"rollout {generated['rollout_id']}: mean response-token match ratio {mean:.3f} "
+        raise RolloutMismatchError(f"rollout {generated['rollout_id']}: mean response-token match ratio {mean:.3f} "
                               f"is not above {min_match_ratio} (min sample {min(ratios):.3f})")
     return mean
 

@@ -171,6 +171,7 @@ def run_ft_driver(spec: JobSpec) -> None:
             if soak is not None:
                 time.sleep(soak.simulated_rollout_s)  # "generation": the window in which faults land
             if engines is not None:
+                _fail_fast(analyzer)  # the previous rollout's events, its engine update too, before generating
                 write_rollout(spec, engines, rollout_id, events)
             started = time.monotonic()
             _fail_fast(analyzer)  # on the previous rollout's events

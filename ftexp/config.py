@@ -1,7 +1,7 @@
 """Structured configs: the schema behind every Hydra config group.
 
 Hydra composes ``conf/config.yaml`` + the chosen ``mode/``, ``scenario/``, ``threshold/``,
-``trainer/``, ``launcher/`` and ``tracking/`` files onto these dataclasses, so a typo'd key or a
+``trainer/``, ``launcher/``, ``tracking/`` and ``task/`` files onto these dataclasses, so a typo'd key or a
 value of the wrong type fails at compose time. This module is schema only: checks that span
 groups (can this engine run this mode? do the predicates parse?) live in ``ftexp.validate``.
 """
@@ -243,6 +243,52 @@ class TrainerConfig:
         return bool(self.enable_witness)
 
 
+class TaskName(enum.Enum):
+    """Where prompts and rewards come from (``ftexp.tasks``); ``none``: random prompts, ``deterministic_random`` reward."""
+
+    none = "none"                  # the comparison scenarios: nothing to learn, only the machinery to compare
+    arith = "arith"                # reasoning-gym chain_sum: learnable on a CPU in minutes
+    gsm_symbolic = "gsm_symbolic"  # reasoning-gym's GSM8K-style word problems, generated
+    gsm8k = "gsm8k"                # GSM8K from a local file (task.data_path)
+
+
+@dataclass
+class WarmupConfig:
+    """A supervised warm-up on the task's warm-up split, at the start of a cold run, on every cell alike."""
+
+    steps: int = 0                 # 0: none (GRPO from the initial weights)
+    batch_size: int = 64           # problems per step
+    lr: float = 1e-3               # the optimizer's learning rate during the warm-up (trainer.lr after it)
+
+
+@dataclass
+class TaskConfig:
+    """A task with verifiable rewards for live rollouts, and its eval accuracy ``eval/<name>``."""
+
+    name: TaskName = TaskName.none
+    # The problems and their splits. Not the experiment's seed: every experiment of a sweep draws its
+    # prompts from the same splits and reports accuracy on the same eval set.
+    dataset_seed: int = 0
+    eval_size: int = 200           # problems in the eval set
+    eval_interval: int = 5         # evaluate before every eval_interval-th rollout, and after the last
+    max_response_tokens: int = 8   # the engines stop at the end-of-answer token or here
+    warmup: WarmupConfig = field(default_factory=WarmupConfig)
+    terms: int = 3                 # arith: numbers per problem
+    digits: int = 1                # arith: digits per number
+    data_path: Optional[str] = None  # gsm8k: the .jsonl / .parquet data file
+    eval_path: Optional[str] = None  # gsm8k: the test file (None: a held-out split of data_path)
+
+    def __post_init__(self) -> None:
+        if self.name != TaskName.none and (self.eval_size < 1 or self.eval_interval < 1 or self.max_response_tokens < 1):
+            raise InputError(f"task {self.name.value}: eval_size, eval_interval and max_response_tokens must be >= 1")
+        if self.warmup.steps < 0 or self.warmup.batch_size < 1 or self.warmup.lr <= 0:
+            raise InputError(f"task.warmup: steps must be >= 0, batch_size >= 1 and lr > 0, got {self.warmup}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.name != TaskName.none
+
+
 class LauncherKind(enum.Enum):
     local = "local"  # submitit LocalExecutor: jobs are processes on this machine
     slurm = "slurm"  # submitit SlurmExecutor: jobs are sbatch jobs
@@ -294,6 +340,7 @@ class ExperimentConfig:
         {"trainer": "builtin"},
         {"launcher": "local"},
         {"tracking": "none"},
+        {"task": "none"},
         "_self_",
     ])
     mode: ModeConfig = MISSING
@@ -302,6 +349,7 @@ class ExperimentConfig:
     trainer: TrainerConfig = MISSING
     launcher: LauncherConfig = MISSING
     tracking: TrackingConfig = MISSING
+    task: TaskConfig = MISSING
     stage: Stage = Stage.run
     phase: Optional[str] = None           # with stage=baseline|target: run only this phase
     run_dir: Optional[str] = None         # with stage=compare (or a side): reuse this run dir
@@ -314,5 +362,6 @@ def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="ftexp_schema", node=ExperimentConfig)
     for group, node in [("mode", ModeConfig), ("scenario", ScenarioConfig), ("threshold", ThresholdConfig),
-                        ("trainer", TrainerConfig), ("launcher", LauncherConfig), ("tracking", TrackingConfig)]:
+                        ("trainer", TrainerConfig), ("launcher", LauncherConfig), ("tracking", TrackingConfig),
+                        ("task", TaskConfig)]:
         cs.store(group=group, name=f"{group}_schema", node=node)

@@ -14,7 +14,7 @@ import ftexp
 ROOT = Path(ftexp.__file__).parent
 # Bottom-up. A component may import only itself and those before it.
 LAYERS = ["errors", "store", "rundir", "control", "faults", "config", "placement", "audit", "verify", "engines", "job",
-          "rollout", "trainer", "scenarios", "launch", "tracking", "validate", "pipeline", "cli", "__main__"]
+          "tasks", "rollout", "trainer", "scenarios", "launch", "tracking", "validate", "pipeline", "cli", "__main__"]
 
 
 def _module_name(path: Path) -> str:

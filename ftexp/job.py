@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ftexp.config import ControlConfig, LauncherConfig, ModeConfig, RayClusterConfig, SoakConfig, TrainerConfig
+from ftexp.config import ControlConfig, LauncherConfig, ModeConfig, RayClusterConfig, SoakConfig, TaskConfig, TrainerConfig
 from ftexp.faults.plan import FaultPlan
 from ftexp.placement import Placement
 from ftexp.rundir import SideDir, latest_checkpoint
@@ -47,6 +47,7 @@ class JobSpec:
     cluster: RayClusterConfig | None = None  # multi-node jobs: how the nodes' Ray cluster forms
     launcher: LauncherConfig | None = None   # multi-node jobs: where a replacement node is submitted
     inject: RolloutInjection | None = None   # live rollouts replaced by recorded ones (target, after a fault)
+    task: TaskConfig | None = None           # live rollouts: the task's prompts, reward, warm-up and eval (None: none)
 
     @property
     def live_rollout(self) -> bool:

@@ -39,6 +39,7 @@ def job_spec(cfg: ExperimentConfig, run_dir: Path, side: str, phase: PhaseConfig
         placement=placement, cluster=cfg.launcher.ray if placement is not None else None,
         launcher=cfg.launcher if placement is not None else None,
         inject=_injection(cfg, run_dir, phase) if target else None,
+        task=cfg.task if cfg.task.enabled else None,
     )
 
 

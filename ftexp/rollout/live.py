@@ -1,11 +1,15 @@
 """Live rollouts: GRPO groups sampled from the current policy by rollout engines, through the router.
 
 A live rollout has the same shape as a recorded one (``ftexp.rollout.recorded``): ``rollout_batch_size``
-prompts, each answered ``n_samples_per_prompt`` times, every sample scored by the ``deterministic_random``
-reward, with the sampled tokens' log-probs as the engine computed them (temperature 1). The prompts are
-drawn from (seed, rollout_id) and every sample has its own sampling seed, so a rollout is a pure
-function of (weights, seed, rollout_id): whichever engine the router picks for a request, baseline and
-target generate the same samples from the same weights.
+prompts, each answered ``n_samples_per_prompt`` times, with the sampled tokens' log-probs as the engine
+computed them (temperature 1). Without a task, the prompts are random tokens and every sample is scored
+by the ``deterministic_random`` reward; with one (``ftexp.tasks``), the prompts are the task's training
+problems, a response ends at the task's end-of-answer token, and its reward is the task's grade. The
+prompts are drawn from (seed, rollout_id) and every sample has its own sampling seed, so a rollout is a
+pure function of (weights, seed, rollout_id): whichever engine the router picks for a request, baseline
+and target generate the same samples from the same weights.
+
+``evaluate`` answers a task's eval set greedily through the router: its accuracy is ``eval/<task>``.
 
 Injection (``inject``): after a fault the target still generates live, then trains on the baseline's
 recorded rollout instead — if the two agree: equal sample counts, identical prompts, and a mean
@@ -24,6 +28,7 @@ from ftexp.config import RolloutConfig
 from ftexp.errors import InputError
 from ftexp.rollout.client import EngineClient, Generation, SamplingParams
 from ftexp.rollout.recorded import deterministic_random_reward, rollout_metadata
+from ftexp.tasks.base import END_ID, Problem, Task, encode, response_text
 
 # Requests in flight at once: enough to keep every engine busy behind the router.
 CONCURRENT_REQUESTS = 16
@@ -43,15 +48,25 @@ def sampling_seed(cfg: RolloutConfig, rollout_id: int, sample_index: int) -> int
     return _stream_seed("sample", cfg.seed, rollout_id, sample_index) % (2**31 - 1)
 
 
-def generate_live_rollout(router: EngineClient, rollout_id: int, cfg: RolloutConfig, vocab_size: int) -> dict[str, Any]:
-    """One rollout through ``router`` (the sglang router, or one engine): a request per sample, several in flight."""
-    prompts = rollout_prompts(rollout_id, cfg, vocab_size)
+def generate_live_rollout(router: EngineClient, rollout_id: int, cfg: RolloutConfig, vocab_size: int,
+                          task: Task | None = None, max_response_tokens: int | None = None) -> dict[str, Any]:
+    """One rollout through ``router`` (the sglang router, or one engine): a request per sample, several in flight.
+
+    With a ``task``, responses stop at its end-of-answer token or after ``max_response_tokens``.
+    """
     num_samples = cfg.rollout_batch_size * cfg.n_samples_per_prompt
+    problems: list[Problem] = []
+    if task is None:
+        prompts = rollout_prompts(rollout_id, cfg, vocab_size)
+    else:
+        problems = task.train_problems(rollout_id, cfg.rollout_batch_size, cfg.seed)
+        prompts = [encode(p.prompt) for p in problems]
     prompt_of = [prompts[index // cfg.n_samples_per_prompt] for index in range(num_samples)]
 
     def sample(index: int) -> Generation:
         params = SamplingParams(temperature=cfg.engine_temperature, top_p=cfg.engine_top_p,
-                                max_new_tokens=cfg.response_len, ignore_eos=True,
+                                max_new_tokens=cfg.response_len if task is None else max_response_tokens,
+                                stop_token_ids=() if task is None else (END_ID,), ignore_eos=True,
                                 sampling_seed=sampling_seed(cfg, rollout_id, index))
         return router.generate(prompt_of[index], params, return_logprob=True)
 
@@ -64,18 +79,37 @@ def generate_live_rollout(router: EngineClient, rollout_id: int, cfg: RolloutCon
             raise RuntimeError(f"rollout {rollout_id} sample {index}: the engine returned {len(response)} tokens "
                                f"and {len(log_probs)} log-probs")
         tokens = prompt_of[index] + response
+        if task is None:
+            reward = deterministic_random_reward(tokens, response)
+        else:
+            reward = task.reward(problems[index // cfg.n_samples_per_prompt], response_text(response))
         samples.append({
             "group_index": index // cfg.n_samples_per_prompt,
             "index": index,
             "rollout_id": rollout_id,
             "tokens": tokens,
             "response_length": len(response),
-            "reward": deterministic_random_reward(tokens, response),
+            "reward": reward,
             "loss_mask": [1] * len(response),
             "rollout_log_probs": log_probs,
             "weight_version": answer.weight_version,
         })
-    return {"rollout_id": rollout_id, "metadata": rollout_metadata(cfg, len(samples), live=True), "samples": samples}
+    metadata = rollout_metadata(cfg, len(samples), live=True, task=task.name if task is not None else "none")
+    return {"rollout_id": rollout_id, "metadata": metadata, "samples": samples}
+
+
+def evaluate(router: EngineClient, task: Task, max_response_tokens: int) -> float:
+    """The accuracy of the engines' current policy on ``task``'s eval set, answering greedily."""
+    problems = task.eval_problems()
+    params = SamplingParams(temperature=0.0, top_k=1, max_new_tokens=max_response_tokens, stop_token_ids=(END_ID,),
+                            ignore_eos=True)
+
+    def grade(problem: Problem) -> float:
+        answer = router.generate(encode(problem.prompt), params, return_logprob=False)
+        return task.reward(problem, response_text(answer.output_ids))
+
+    with ThreadPoolExecutor(CONCURRENT_REQUESTS) as pool:
+        return sum(pool.map(grade, problems)) / len(problems)
 
 
 class RolloutMismatchError(RuntimeError):

@@ -4,7 +4,9 @@ Runs inside the launched training job. It starts a local Ray instance bound to 1
 the TCPStore on which the cross-cell groups rendezvous, builds the cells, and for every rollout:
 train (with retries and healing) → group-level test actions → checkpoint. With live rollout
 engines, each rollout is first generated from the engines, and after it the first alive cell pushes
-its weights to them (``ftexp.trainer.rollout_engines``).
+its weights to them (``ftexp.trainer.rollout_engines``). With a task, the engines also answer its eval
+set before every ``eval_interval``-th rollout and after the last: ``eval/<task>`` at step r is the
+accuracy of the policy that generates rollout r (trained on r rollouts after the warm-up).
 """
 
 from __future__ import annotations
@@ -31,8 +33,11 @@ from ftexp.trainer.cell_rank import CellRank
 from ftexp.trainer.checkpoint import resume_event, start_event_log
 from ftexp.trainer.group import TrainGroup
 from ftexp.trainer.nodes import CellPlacer, restore_node
-from ftexp.trainer.rollout_engines import EngineAddresses, SideEngines, WeightPush, record_update, write_rollout
-from ftexp.trainer.step import record_step_time
+from ftexp.tasks import build_task
+from ftexp.tasks.base import Task
+from ftexp.trainer.rollout_engines import (EngineAddresses, SideEngines, WeightPush, evaluate_task, record_update,
+                                           write_rollout)
+from ftexp.trainer.step import record_metrics, record_step_time
 from ftexp.store import LoopbackStore
 
 log = logging.getLogger(__name__)
@@ -120,6 +125,15 @@ def _update_weights(spec: JobSpec, group: TrainGroup, engines: EngineAddresses, 
     record_update(events, engines, rollout_id, pushed[0])
 
 
+def _evaluate(spec: JobSpec, engines: EngineAddresses, task: Task, events: EventLogger, step: int) -> None:
+    """``eval/<task>`` of the engines' policy, as the metric of ``step`` (the rollout it is about to generate)."""
+    started = time.monotonic()
+    accuracy = evaluate_task(spec, engines, task)
+    record_metrics(spec.side_dir, events, step, 0, {task.metric_key: accuracy})
+    log.info("eval before rollout %d: %s = %.4f (%d problems, %.1f s)", step, task.metric_key, accuracy,
+             len(task.eval_problems()), time.monotonic() - started)
+
+
 def _fail_fast(analyzer: IncrementalAnalyzer) -> None:
     """Stop the run at the first broken rule instead of training on from a corrupt state."""
     issues = analyzer.check()
@@ -154,6 +168,7 @@ def run_ft_driver(spec: JobSpec) -> None:
     plane = watchdog = None
     soak = spec.soak
     side_engines = SideEngines(spec) if spec.live_rollout else None
+    task = build_task(spec.task) if spec.task is not None else None
     # The engines start while the cells do; the first weight push waits for both.
     starting = ThreadPoolExecutor(1).submit(side_engines.start) if side_engines is not None else None
     try:
@@ -172,7 +187,9 @@ def run_ft_driver(spec: JobSpec) -> None:
                 time.sleep(soak.simulated_rollout_s)  # "generation": the window in which faults land
             if engines is not None:
                 _fail_fast(analyzer)  # the previous rollout's events, its engine update too, before generating
-                write_rollout(spec, engines, rollout_id, events)
+                if task is not None and rollout_id % spec.task.eval_interval == 0:
+                    _evaluate(spec, engines, task, events, rollout_id)
+                write_rollout(spec, engines, rollout_id, events, task)
             started = time.monotonic()
             _fail_fast(analyzer)  # on the previous rollout's events
             analyzed = time.monotonic()
@@ -187,6 +204,8 @@ def run_ft_driver(spec: JobSpec) -> None:
                 _update_weights(spec, group, engines, events, rollout_id)
             if spec.should_save(rollout_id):
                 group.execute_first_alive("save", rollout_id)
+        if task is not None and engines is not None and rollouts:
+            _evaluate(spec, engines, task, events, rollouts.stop)
         _fail_fast(analyzer)
     finally:
         if side_engines is not None:

@@ -15,6 +15,8 @@ engines and router, owned by the side's parent process (the target's driver, the
    moved the first alive cell). Before the first rollout (the initial sync) and after every commit.
 4. ``record_update``: the engines' weight checksums, one ``InferenceEngineWeightChecksumEvent``, with
    the checksums of what the trainer holds, so an engine left with stale weights shows.
+5. ``evaluate_task`` (with a task): the engines answer the task's eval set greedily; the accuracy
+   is the metric ``eval/<task>``.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from ftexp.engines.registry import get_engine
 from ftexp.job import JobSpec
 from ftexp.rollout.client import EngineClient
 from ftexp.rollout.engine import EngineGroup, EngineGroupConfig
-from ftexp.rollout.live import check_injection, generate_live_rollout
+from ftexp.rollout.live import check_injection, evaluate, generate_live_rollout
 from ftexp.rollout.recorded import load_rollout, save_rollout
 from ftexp.rollout.processes import free_port
 from ftexp.rollout.router import Router
@@ -44,6 +46,7 @@ from ftexp.rollout.sglang_launcher import SglangServer, SglangServerSpec
 from ftexp.rollout.tokenizer import write_ascii_tokenizer
 from ftexp.rollout.weight_sync import WeightSender, engine_checksums, tensor_checksums
 from ftexp.rundir import rollout_path
+from ftexp.tasks.base import Task
 
 log = logging.getLogger(__name__)
 
@@ -116,11 +119,14 @@ def wait_for_engines(store: Store, timeout_s: float) -> EngineAddresses:
     return EngineAddresses(router_url=fields["router_url"], engine_urls=tuple(fields["engine_urls"]))
 
 
-def write_rollout(spec: JobSpec, engines: EngineAddresses, rollout_id: int, events: EventLogger) -> None:
-    """Generate rollout ``rollout_id`` from the engines' current weights into the side's rollout file."""
+def write_rollout(spec: JobSpec, engines: EngineAddresses, rollout_id: int, events: EventLogger,
+                  task: Task | None = None) -> None:
+    """Generate rollout ``rollout_id`` from the engines' current weights into the side's rollout file
+    (``task``: the prompts and rewards of ``spec.task``)."""
     vocab_size = get_engine(spec.trainer.engine).vocab_size(spec.mode)
+    max_response_tokens = spec.task.max_response_tokens if task is not None else None
     with EngineClient(engines.router_url) as router:
-        batch = generate_live_rollout(router, rollout_id, spec.trainer.rollout, vocab_size)
+        batch = generate_live_rollout(router, rollout_id, spec.trainer.rollout, vocab_size, task, max_response_tokens)
     inject = spec.inject
     if inject is not None and rollout_id >= inject.start_rollout_id:
         recorded = load_rollout(rollout_path(inject.data_dir, rollout_id), expected_rollout_id=rollout_id)
@@ -183,3 +189,9 @@ def record_update(events: EventLogger, engines: EngineAddresses, rollout_id: int
     events.log(InferenceEngineWeightChecksumEvent(rollout_id=rollout_id,
                                                   engine_checksums=engine_checksums(list(engines.engine_urls)),
                                                   trainer_checksums=trainer_checksums))
+
+
+def evaluate_task(spec: JobSpec, engines: EngineAddresses, task: Task) -> float:
+    """The eval accuracy of the policy the engines hold now."""
+    with EngineClient(engines.router_url) as router:
+        return evaluate(router, task, spec.task.max_response_tokens)

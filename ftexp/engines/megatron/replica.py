@@ -193,6 +193,38 @@ class MegatronReplica:
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
 
+    def supervised_step(self, batch: TrainBatch, lr: float) -> float:
+        """One cross-entropy step at learning rate ``lr`` on this replica alone (a task's warm-up).
+
+        The loss is the mean over samples of each sample's mean over its loss-mask tokens; nothing
+        is reduced across replicas, and no RNG is drawn. Returns the batch's loss.
+        """
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        microbatches, seq_len = self._microbatches(batch)
+        self.model.config.grad_scale_func = lambda loss: loss
+        loss = torch.zeros(1)
+        loss_func = partial(supervised_loss_func, loss_scale=len(microbatches) / batch.tokens.shape[0],
+                            on_loss=loss.add_)
+        get_forward_backward_func()(
+            forward_step_func=partial(_forward_step, loss_func), data_iterator=iter(microbatches),
+            model=[self.model], num_microbatches=len(microbatches), seq_length=seq_len,
+            micro_batch_size=len(microbatches[0]["tokens"]), forward_only=False)
+        ps = _mp()
+        for group in (ps.get_context_parallel_group(), ps.get_pipeline_model_parallel_group()):
+            sum_across(group, loss, world_size=dist.get_world_size(group), deterministic=True, torchft=False)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        try:
+            succeeded, _, _ = self.optimizer.step()
+        finally:
+            for group in self.optimizer.param_groups:
+                group["lr"] = self.cfg.lr
+        if not succeeded:
+            raise RuntimeError("Megatron optimizer step was skipped")
+        self.zero_grad()
+        return float(loss) / batch.tokens.shape[0]
+
     def metrics(self, stats: torch.Tensor, grad_norm: float, rollout: dict) -> dict[str, float]:
         return step_metrics(stats, grad_norm, self.optimizer.param_groups[0]["lr"], rollout)
 
@@ -255,6 +287,18 @@ def _forward_step(loss_func, data_iterator, model):
     batch = get_batch_on_this_cp_rank({k: v.clone() for k, v in next(data_iterator).items()})
     output = model(input_ids=batch["tokens"], position_ids=batch["position_ids"], attention_mask=None)
     return output, partial(loss_func, batch)
+
+
+def supervised_loss_func(batch: dict[str, torch.Tensor], logits: torch.Tensor, *, loss_scale: float,
+                         on_loss: Callable[[torch.Tensor], Any]):
+    """Cross-entropy of one microbatch on this rank's CP chunk: each sample's mean over its loss-mask tokens."""
+    from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
+
+    log_softmax = F.log_softmax(gather_from_tensor_model_parallel_region(logits).float(), dim=-1)
+    log_probs = log_softmax.gather(-1, batch["labels"].unsqueeze(-1)).squeeze(-1)
+    loss = -(log_probs * batch["sample_weight"]).sum()
+    on_loss(loss.detach().reshape(1))
+    return loss * loss_scale, {}
 
 
 def grpo_loss_func(batch: dict[str, torch.Tensor], logits: torch.Tensor, *, loss_scale: float, stat_scale: float,

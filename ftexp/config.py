@@ -166,6 +166,8 @@ class ScenarioConfig:
     phases: list[PhaseConfig] = field(default_factory=lambda: [PhaseConfig()])
     control: ControlConfig = field(default_factory=ControlConfig)
     soak: SoakConfig = field(default_factory=SoakConfig)
+    # Accuracy scenarios: the run passes only if some eval of the task reaches this accuracy.
+    metric_threshold: Optional[float] = None
 
 
 @dataclass
@@ -336,11 +338,11 @@ class TrackingConfig:
 class ExperimentConfig:
     defaults: list[Any] = field(default_factory=lambda: [
         {"mode": "dp2"},
-        {"scenario": "no_failure"},
         {"trainer": "builtin"},
         {"launcher": "local"},
         {"tracking": "none"},
         {"task": "none"},
+        {"scenario": "no_failure"},
         "_self_",
     ])
     mode: ModeConfig = MISSING

@@ -69,12 +69,13 @@ def prepare(cfg: ExperimentConfig, run_dir: Path) -> Path:
 
 
 def read_metric_series(side_root: Path, strict: bool = True) -> dict[str, list[tuple[int, float]]]:
-    """``{key: [(rollout_id, value)]}`` over every phase's metrics.jsonl; the highest attempt wins.
+    """``{key: [(rollout_id, value)]}`` over every phase's metrics.jsonl; per key, the highest attempt wins.
 
-    ``strict``: an unreadable file or a bad line is a RunDirError naming it; otherwise (the curves
-    of a run whose training failed) it is skipped.
+    Per key, because a step may have lines from two writers: the training metrics of its committed
+    attempt and the driver's eval accuracy (``eval/<task>``). ``strict``: an unreadable file or a bad
+    line is a RunDirError naming it; otherwise (the curves of a run whose training failed) it is skipped.
     """
-    latest: dict[int, tuple[int, dict]] = {}
+    latest: dict[tuple[int, str], tuple[int, float]] = {}
     for path in sorted(side_root.glob(f"**/{METRICS_FILE}")):
         try:
             lines = path.read_text().splitlines()
@@ -90,12 +91,12 @@ def read_metric_series(side_root: Path, strict: bool = True) -> dict[str, list[t
                 if strict:
                     raise RunDirError(f"{path}:{lineno}: not a valid metrics line: {one_line(e)}") from e
                 continue
-            if step not in latest or attempt >= latest[step][0]:
-                latest[step] = (attempt, row)
+            for key, value in row.items():
+                if (step, key) not in latest or attempt >= latest[(step, key)][0]:
+                    latest[(step, key)] = (attempt, value)
     series: dict[str, list[tuple[int, float]]] = {}
-    for step in sorted(latest):
-        for key, value in latest[step][1].items():
-            series.setdefault(key, []).append((step, value))
+    for (step, key), (_, value) in sorted(latest.items()):
+        series.setdefault(key, []).append((step, value))
     return series
 
 
@@ -125,8 +126,9 @@ def verify(cfg: ExperimentConfig, run_dir: Path, extra_checks: list[CheckResult]
     final = {k: v[-1][1] for k, v in target.items() if v}
     wall = time.monotonic() - started if started is not None else 0.0
     result = build_result(run_dir, verdict, _overrides(run_dir), wall, final)
+    accuracy = sorted(k for k in target if k.startswith("eval/"))  # a task's eval accuracy comes first
     plot_curves(baseline, target, run_dir / CURVES, f"{cfg.scenario.name} / {cfg.mode.name}: baseline vs target",
-                keys=["train/loss", "train/grad_norm", "train/pg_loss", "train/entropy", "rollout/reward_mean"])
+                keys=[*accuracy, "train/loss", "train/grad_norm", "train/pg_loss", "train/entropy", "rollout/reward_mean"])
     track(cfg, run_dir, baseline, target, verdict)
     write_result(run_dir, result)
     write_report(run_dir, verdict, {"run_dir": str(run_dir)})

@@ -8,10 +8,14 @@ exit 2, nothing launched.
 from __future__ import annotations
 
 from ftexp.config import ExperimentConfig, Stage
+from ftexp.engines.megatron.presets import PRESETS
 from ftexp.engines.registry import MODEL_FEATURES, get_engine
 from ftexp.errors import InputError
 from ftexp.rollout.tokenizer import VOCAB_SIZE as TOKENIZER_VOCAB_SIZE
-from ftexp.scenarios import load_scenario
+from ftexp.rundir import TARGET
+from ftexp.scenarios import Scenario, load_scenario
+from ftexp.tasks import build_task
+from ftexp.tasks.base import END, encode, longest_prompt
 from ftexp.verify.dumps import compile_pattern, parse_rules
 
 
@@ -95,6 +99,33 @@ def validate_live_rollout(cfg: ExperimentConfig) -> None:
         raise InputError(f"mode {cfg.mode.name}: rollout_inject_min_match_ratio must be in [0, 1), got {ratio}")
 
 
+def validate_task(cfg: ExperimentConfig, scenario: Scenario) -> None:
+    """A task trains on live rollouts, in a run without a baseline; its problems must fit the model.
+
+    Building the task reads a gsm8k file here, so a missing or malformed one is bad input before launch.
+    """
+    task = cfg.task
+    if not task.enabled:
+        return
+    if scenario.sides != (TARGET,):
+        raise InputError(f"task={task.name.value}: scenario {cfg.scenario.name} compares a baseline with the target on the "
+                         f"deterministic_random reward; a task needs an accuracy scenario (e.g. scenario=realistic)")
+    if not cfg.mode.rollout_num_engines:
+        raise InputError(f"task={task.name.value} trains on live rollouts: mode {cfg.mode.name} has no rollout engines")
+    if task.data_path == "???" or (task.name.value == "gsm8k" and not task.data_path):
+        raise InputError("task=gsm8k needs task.data_path=<a GSM8K .jsonl or .parquet file>")
+    built = build_task(task)
+    preset = PRESETS.get(cfg.mode.model_preset)
+    if preset is None:
+        return
+    prompt = max(longest_prompt(built.eval_problems()), longest_prompt(built.train_problems(0, 64, cfg.seed)))
+    warmup = max((len(encode(p.prompt + p.solution + END)) for p in built.warmup_problems(0, 64, cfg.seed)), default=0)
+    if max(prompt + task.max_response_tokens, warmup if task.warmup.steps else 0) > preset.seq_length:
+        raise InputError(f"task={task.name.value}: prompts of up to {prompt} characters + task.max_response_tokens="
+                         f"{task.max_response_tokens} (warm-up examples up to {warmup}) exceed the {preset.seq_length}-token "
+                         f"context of mode {cfg.mode.name}'s model ({cfg.mode.model_preset})")
+
+
 def validate(cfg: ExperimentConfig) -> None:
     """Resolve the dependent defaults, then check everything that spans groups. Raises InputError."""
     resolve_defaults(cfg)
@@ -118,6 +149,7 @@ def validate(cfg: ExperimentConfig) -> None:
     validate_phases(cfg)
     scenario = load_scenario(cfg.scenario)
     scenario.check_plan(cfg)
+    validate_task(cfg, scenario)
     validate_thresholds(cfg)
     validate_timeouts(cfg, soak=scenario.is_soak)
     if cfg.stage in (Stage.compare, Stage.collect) and not cfg.run_dir:

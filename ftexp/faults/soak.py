@@ -3,7 +3,8 @@
 The target driver writes its control server's address (``control.json`` in its side dir) once the
 cells are up. While the pipeline waits for the job, ``SoakInjection.poll`` starts the seeded
 :class:`RandomInjector` against that server as soon as the file appears; ``stop`` joins it and
-records every accepted injection (``injections.json``) for the verdict.
+records every accepted injection (``injections.json``) for the verdict. A crash probability of 0
+injects nothing at all (the injector's own floor would still fault a long run now and then).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ class SoakInjection:
             if not control.is_file():  # the driver is shutting its server down
                 self._stop_injector()
             return
-        if not control.is_file():
+        if not control.is_file() or self.cfg.crash_probability == 0:  # 0: a run without faults (a baseline soak)
             return
         base_url = json.loads(control.read_text())["base_url"]
         self.injector = RandomInjector(base_url, seed=self.seed, crash_probability=self.cfg.crash_probability,

@@ -134,8 +134,14 @@ def _evaluate(spec: JobSpec, engines: EngineAddresses, task: Task, events: Event
              len(task.eval_problems()), time.monotonic() - started)
 
 
-def _fail_fast(analyzer: IncrementalAnalyzer) -> None:
-    """Stop the run at the first broken rule instead of training on from a corrupt state."""
+def _fail_fast(analyzer: IncrementalAnalyzer | None) -> None:
+    """Stop the run at the first broken rule instead of training on from a corrupt state.
+
+    With the audit off (``analyzer`` None: what a production run would use) nothing is analyzed while
+    training; the verdict still checks what the log holds (e.g. the engine updates) at the end.
+    """
+    if analyzer is None:
+        return
     issues = analyzer.check()
     if issues:
         raise EventAnalysisError(issues)
@@ -149,7 +155,7 @@ def run_ft_driver(spec: JobSpec) -> None:
         witness = WitnessIdAllocator(spec.trainer.witness_buffer_size)
         witness.resume(witness_counter)
     rollouts = spec.rollout_ids()
-    analyzer = IncrementalAnalyzer(spec.side_dir.events)
+    analyzer = IncrementalAnalyzer(spec.side_dir.events) if spec.trainer.audit else None
     ranks = get_engine(spec.trainer.engine).ranks_per_replica(spec.mode)
     if not ray.is_initialized():  # a multi-node job's launcher has started the cluster's head here already
         start_local_ray(num_cpus=max(2, spec.num_cells * ranks))

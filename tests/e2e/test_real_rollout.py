@@ -62,7 +62,8 @@ def _run_on_loopback(root: Path, name: str, *overrides: str) -> Path:
         router_sockets, bad = 0, []
         while proc.poll() is None:
             pids = descendants(proc.pid)
-            routers = {p for p in pids if b"sglang_router" in _cmdline(p)}
+            # The router renames itself (its command line reads "sglang::router" once it runs).
+            routers = {p for p in pids if b"sglang" in _cmdline(p)}
             listing = subprocess.run(["ss", "-tanpH"], capture_output=True, text=True).stdout
             router_sockets += sum(1 for line in listing.splitlines()
                                   if {int(p) for p in re.findall(r"pid=(\d+)", line)} & routers)

@@ -104,9 +104,10 @@ class CellRank:
         if self.has_world:
             self._join_cell_world(incarnation)
         self.replica = engine.build_replica(spec.trainer, spec.mode, seed=spec.seed, deterministic=spec.deterministic)
-        # A task's supervised warm-up, on a cold start only (a healed or resumed cell receives its state),
-        # here: the group meets the cells only once every one is built, so a long warm-up delays no rendezvous.
-        if spec.task is not None and spec.task.warmup.steps and incarnation == 0 and spec.load_dir is None:
+        # A task's supervised warm-up, on a cold start only: by a cell's first actors (incarnation 1; a healed
+        # cell's later ones, like a resumed run's, receive their state). Here, because the group meets the
+        # cells only once every one is built, so a long warm-up delays no rendezvous.
+        if spec.task is not None and spec.task.warmup.steps and incarnation <= 1 and spec.load_dir is None:
             warm_up(self.replica, build_task(spec.task), spec.task.warmup, spec.seed, announce=rank_within_cell == 0)
         self.info: IndepDPInfo | None = None
         self.pg: ProcessGroupGloo | None = None

@@ -71,8 +71,10 @@ class GsmSymbolicTask(GeneratedTask):
 
 def read_gsm8k(path: Path) -> list[Problem]:
     """The records of a GSM8K file as problems; InputError (one line) naming what is wrong."""
-    if not path.is_file():
+    if not path.exists():
         raise InputError(f"task.data_path: GSM8K file {path} does not exist")
+    if not path.is_file():
+        raise InputError(f"task.data_path: {path} is not a file")
     if path.suffix == ".parquet":
         try:
             import pyarrow.parquet as pq

@@ -9,7 +9,9 @@ left no result file (its job died) or an unreadable one is a row that did not pa
 Soak points also bring their injections: per crash probability, the injections of all its points
 are pooled into the recovery figures per fault kind and overall (median / max detection and
 recovery, degraded rollouts per injection), tabled in the summary and plotted against the crash
-probability in ``sweep_recovery.png``.
+probability in ``sweep_recovery.png``. Points of an accuracy scenario also bring their eval accuracy
+(``ftexp.tracking.accuracy``): start, best and final per point, and their curves per crash
+probability in ``sweep_accuracy.png``.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from omegaconf import DictConfig
 
 from ftexp.rundir import RESULT_FILE
 from ftexp.scenarios.ft_random import figures_by_kind, recovery_figures
+from ftexp.tracking.accuracy import accuracy_points, plot_accuracy_curves, render_accuracy
 from ftexp.tracking.result import result_passed
 
 log = logging.getLogger("ftexp")
@@ -65,6 +68,7 @@ def summarize(sweep_dir: Path, num_jobs: int) -> dict[str, Any]:
     pass_rate = {p: sum(v) / len(v) for p, v in sorted(by_p.items())}
     return {"sweep_dir": str(sweep_dir), "points": rows, "pass_rate_by_crash_probability": pass_rate,
             "recovery_by_crash_probability": _recovery_by_crash_probability(rows),
+            "accuracy": accuracy_points(sweep_dir, rows, lambda row: _crash_probability(row.get("overrides", []))),
             "passed": sum(r["passed"] for r in rows), "total": len(rows)}
 
 
@@ -99,6 +103,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
                   f"| {f['median_recovery_s']} / {f['max_recovery_s']} "
                   f"| {f['mean_degraded_rollouts']} / {f['max_degraded_rollouts']} |"
                   for p, kinds in recovery.items() for kind, f in kinds.items()]
+    lines += render_accuracy(summary.get("accuracy", []))
     return "\n".join(lines) + "\n"
 
 
@@ -162,6 +167,8 @@ def write_summary(sweep_dir: Path, num_jobs: int) -> dict[str, Any]:
     plot_pass_rate(summary, sweep_dir / "sweep_summary.png")
     if summary["recovery_by_crash_probability"]:
         plot_recovery(summary, sweep_dir / "sweep_recovery.png")
+    if summary["accuracy"]:
+        plot_accuracy_curves(summary["accuracy"], sweep_dir / "sweep_accuracy.png")
     log.info("sweep: %d/%d points passed — %s", summary["passed"], summary["total"], sweep_dir / "sweep_summary.md")
     return summary
 

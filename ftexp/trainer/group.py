@@ -20,6 +20,10 @@ calls). All three go through one lock and one rule: when a member of the current
 every other member is released from its cross-cell waits on that quorum (``release_collectives``),
 so nobody waits out a collective's timeout for a peer the driver already knows is gone. A retry
 after an attempt in which a cell left starts at once; only a failure without a known cause backs off.
+
+Where cells are restarted at random times (``keep_standby``: a soak's controller), every alive cell
+keeps a warm standby, so a heal takes actors that are already up instead of waiting for new
+processes to start — on a loaded machine that start, not the heal, is most of a recovery.
 """
 
 from __future__ import annotations
@@ -64,6 +68,7 @@ class TrainGroup:
         self._spent_quorum: int | None = None  # a quorum an attempt was discarded on: it must not train again
         self._watch_stop = threading.Event()
         self._watch: threading.Thread | None = None
+        self.standby = False  # every alive cell keeps a warm standby (see ``keep_standby``)
 
     # ---- start-up -----------------------------------------------------------------------------
     def init(self, load_rollout_id: int | None) -> list[dict[str, Any]]:
@@ -91,6 +96,19 @@ class TrainGroup:
             if self.on_allocated is not None:
                 self.on_allocated(cell)
         return results
+
+    def keep_standby(self) -> None:
+        """From now on every alive cell keeps a warm standby: its restart starts no process.
+
+        One node only: on several (``on_allocated`` set) each incarnation has its own placement
+        group, and a standby's would take the place of the running incarnation's."""
+        if self.on_allocated is not None:
+            log.info("multi-node group: cells keep no standby")
+            return
+        with self._lock:
+            self.standby = True
+            for i in self.alive_indices():
+                self.cells[i].prepare_standby()
 
     # ---- membership ---------------------------------------------------------------------------
     def alive_indices(self) -> list[int]:
@@ -225,6 +243,8 @@ class TrainGroup:
                 raise RetryableStepError(f"reconfigure to quorum {self.quorum_id} failed in cells {failed}")
             for i in will_alive:
                 self.cells[i].mark_alive(info[i])
+                if self.standby:
+                    self.cells[i].prepare_standby()
         timings: dict[str, float] = {}
         if pending:
             timings = {
@@ -337,6 +357,7 @@ class TrainGroup:
             for cell in self.cells:
                 if cell.state != CellState.STOPPED:
                     cell.stop()
+                cell.discard_standby()
 
 
 def _death_cause(lifeline: ray.ObjectRef) -> str:

@@ -255,3 +255,23 @@ def test_a_discarded_attempt_spends_its_quorum_and_backs_off(tmp_path):
     assert ray.get(group.cells[1].actors[0].get_calls.remote())[-2:] == [("reconfigure", 1, []), ("train", 0, 1)]
     group.train(1)  # committed on quorum 1: nothing to change
     assert len(_reconfigures(tmp_path)) == 1
+
+
+def test_a_restarted_cell_takes_its_warm_standby(tmp_path):
+    group = _group(tmp_path)
+    group.keep_standby()
+    standbys = [list(c.standby) for c in group.cells]
+    assert all(len(s) == 1 for s in standbys) and ray.get(standbys[2][0].ping.remote(), timeout=30)
+    group.stop_cell(2, by="test")
+    assert group.cells[2].standby == standbys[2]  # a stop keeps the standby: it is what the cell restarts with
+    group.start_cell(2, by="test")
+    assert (group.cells[2].actors, group.cells[2].incarnation) == (standbys[2], 2)
+    heal = group.refresh(1)
+    assert (heal.healed_cell_indices, heal.timings["allocate_s"] < 5.0) == ([2], True)
+    assert group.cells[2].standby and group.cells[2].standby != standbys[2]  # the healed cell gets a new one
+    assert [c.standby for c in group.cells[:2]] == standbys[:2]
+    left_over = [group.cells[2].standby[0], standbys[0][0]]
+    group.shutdown()  # standbys end with the group
+    for actor in left_over:
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(actor.ping.remote(), timeout=30)

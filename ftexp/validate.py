@@ -148,8 +148,8 @@ def validate(cfg: ExperimentConfig) -> None:
         validate_live_rollout(cfg)
     validate_phases(cfg)
     scenario = load_scenario(cfg.scenario)
-    scenario.check_plan(cfg)
     validate_task(cfg, scenario)
+    scenario.check_plan(cfg)
     validate_thresholds(cfg)
     validate_timeouts(cfg, soak=scenario.is_soak)
     if cfg.stage in (Stage.compare, Stage.collect) and not cfg.run_dir:

@@ -40,7 +40,10 @@ def check_plan(cfg: ExperimentConfig) -> None:
         raise InputError(f"scenario {name} trains on live rollouts: mode {cfg.mode.name} has no rollout engines "
                          f"(e.g. mode=dp2_cp2_real_rollout_dense)")
     threshold = cfg.scenario.metric_threshold
-    if threshold is None or not 0 < threshold <= 1:
+    if threshold is None:
+        raise InputError(f"scenario {name}: set scenario.metric_threshold, the accuracy to reach (calibrate it: the "
+                         f"best eval of runs with scenario.soak.crash_probability=0)")
+    if not 0 < threshold <= 1:
         raise InputError(f"scenario {name}: scenario.metric_threshold must be an accuracy in (0, 1], got {threshold}")
 
 

@@ -1,0 +1,50 @@
+"""scenario=realistic end to end: GRPO on arith under random faults keeps learning; a recovery bug does not.
+
+Both runs are the same CI-sized experiment (seed 1, REALISTIC_SMALL): the injector kills cells every
+few seconds from the moment training starts, so the first heal lands within the first rollouts. With
+correct recovery the eval accuracy climbs past the threshold; with the engines never updated after
+the first heal (the audit off, so only the accuracy can tell), it stays where the heal froze it.
+"""
+
+import pytest
+
+from ftexp_runner import report_checks, run_ftexp
+
+pytestmark = pytest.mark.e2e
+# 20 rollouts, an eval every 5; the threshold lies between the accuracy before the first heal (evals 0
+# and 5) and what the no-fault run of this seed reaches by rollouts 15 and 20 (see conf/scenario/realistic.yaml).
+REALISTIC_SMALL = ("scenario=realistic", "seed=1", "scenario.soak.crash_probability=1.0",
+                   "scenario.metric_threshold=0.55", "scenario.num_steps=20")
+
+
+def _run(tmp_path, name, *overrides):
+    run_dir = tmp_path / name
+    result = run_ftexp(*REALISTIC_SMALL, *overrides, f"hydra.run.dir={run_dir}", cwd=tmp_path, timeout=1500)
+    return run_dir, result
+
+
+def test_realistic_learns_under_faults(tmp_path):
+    run_dir, result = _run(tmp_path, "realistic")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    checks = report_checks(run_dir)
+    assert all(c["passed"] for c in checks.values()), {n: c["summary"] for n, c in checks.items() if not c["passed"]}
+    accuracy = checks["accuracy"]["details"]
+    assert [step for step, _ in accuracy["curve"]] == [0, 5, 10, 15, 20]
+    assert accuracy["best"] >= 0.55 > accuracy["start"] and accuracy["best"] > accuracy["start"] + 0.05
+    assert len(checks["injections"]["details"]["recoveries"]) >= 2 and len(checks["heals"]["details"]["heals"]) >= 2
+    report = (run_dir / "report.md").read_text()
+    assert f"start {accuracy['start']:.3f}" in report and f"best {accuracy['best']:.3f}" in report
+    assert (run_dir / "curves.png").stat().st_size > 0
+
+
+def test_engines_stale_after_the_first_heal_keep_accuracy_below_the_threshold(tmp_path):
+    run_dir, result = _run(tmp_path, "stale_engines", "trainer.negative_control=skip_engine_update_after_heal",
+                           "trainer.audit=false")
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    checks = report_checks(run_dir)
+    accuracy = checks["accuracy"]
+    assert not accuracy["passed"] and "never reached" in accuracy["summary"], accuracy["summary"]
+    assert len(accuracy["details"]["curve"]) == 5  # the run trained to the end: it is the accuracy that failed
+    assert checks["target_commits"]["passed"]
+    assert not checks["target_engine_updates"]["passed"]
+    assert "does not hold the trainer's weights" in checks["target_engine_updates"]["summary"]

@@ -49,6 +49,11 @@ from ftexp.rundir import rollout_path
 from ftexp.tasks.base import Task
 
 log = logging.getLogger(__name__)
+# A sender that dies mid-update (its cell crashed) leaves every engine waiting on its weight-update
+# group until the engine's group timeout; the next sender's requests queue behind that wait, so they
+# allow for it on top of forming their own group — else the new sender's cell would be failed for it.
+ENGINE_GROUP_TIMEOUT_S = 60.0
+SENDER_TIMEOUT_S = 3 * ENGINE_GROUP_TIMEOUT_S
 
 
 @dataclass(frozen=True)
@@ -74,9 +79,9 @@ class SideEngines:
         get_engine(self.spec.trainer.engine).write_hf_model_dir(self.spec.mode, model_dir)
         write_ascii_tokenizer(model_dir)
         if rollout.backend == RolloutBackend.cpu:
-            self.engines = EngineGroup(ServerConfig(model_path=str(model_dir)),
-                                       EngineGroupConfig(self.spec.mode.rollout_num_engines,
-                                                         start_timeout_s=rollout.engine_start_timeout_s))
+            server = ServerConfig(model_path=str(model_dir), weight_group_timeout_s=ENGINE_GROUP_TIMEOUT_S)
+            self.engines = EngineGroup(server, EngineGroupConfig(self.spec.mode.rollout_num_engines,
+                                                                 start_timeout_s=rollout.engine_start_timeout_s))
             urls = self.engines.start()
         else:
             urls = self._start_sglang(model_dir)
@@ -171,7 +176,7 @@ class WeightPusher:
         if order.send:
             if self.group_name != order.group_name:
                 self.close()
-                self.sender = WeightSender()
+                self.sender = WeightSender(timeout_s=SENDER_TIMEOUT_S)
                 self.sender.connect(list(order.engine_urls), order.group_name)
                 self.group_name = order.group_name
             self.sender.send(named, weight_version=str(order.rollout_id))

@@ -23,7 +23,10 @@ from ftexp.trainer.driver import start_local_ray
 from ftexp.trainer.group import RetryableStepError, TrainGroup
 from ftexp.store import LoopbackStore
 
-CROSS_CELL_TIMEOUT_S = 60.0  # what the survivors would wait without the release
+CROSS_CELL_TIMEOUT_S = 120.0  # what the survivors would wait without the release
+# Measured on 2 cores: 0.04-1 s at a moderate load, 2-9.5 s at a load average of ~25; hence the
+# margin, still far below the timeout.
+RELEASED_WITHIN_S = 10.0
 FROZEN_FOR_S = 2.0           # how long the survivors wait in the rendezvous before the frozen cell is suspended
 
 
@@ -47,11 +50,13 @@ def _group(tmp_path) -> TrainGroup:
     return group
 
 
-def _frozen(actor) -> bool:
-    try:
-        ray.get(actor.heartbeat.remote(), timeout=1.0)
-    except ray.exceptions.GetTimeoutError:
-        return True
+def _freezes(actor) -> bool:
+    """Whether the actor stops answering within a few heartbeats (the fault lands on another thread)."""
+    for _ in range(10):
+        try:
+            ray.get(actor.heartbeat.remote(), timeout=1.0)
+        except ray.exceptions.GetTimeoutError:
+            return True
     return False
 
 
@@ -62,7 +67,7 @@ def test_a_cell_lost_mid_heal_releases_the_survivors_at_once_and_the_retry_heals
         group.start_cell(2, by="test")  # cell 2 pending: the next refresh heals it from cell 0
         healing_incarnation = group.cells[2].incarnation
         group.cells[1].actors[0].inject_fault.remote("deadlock")
-        assert _frozen(group.cells[1].actors[0])  # it will never join quorum 1
+        assert _freezes(group.cells[1].actors[0])  # it will never join quorum 1
 
         suspended_at = []
 
@@ -79,7 +84,7 @@ def test_a_cell_lost_mid_heal_releases_the_survivors_at_once_and_the_retry_heals
         assert returned - started >= FROZEN_FOR_S  # the survivors really were stuck in the rendezvous
         released_after = returned - suspended_at[0]
         print(f"survivors released {released_after:.3f} s after the driver stopped the lost cell")
-        assert released_after < 1.0, released_after  # not CROSS_CELL_TIMEOUT_S
+        assert released_after < RELEASED_WITHIN_S, released_after  # not CROSS_CELL_TIMEOUT_S
 
         # The retry forms quorum 2 with who is left and heals the same (not restarted) incarnation of cell 2.
         heal = group.refresh(rollout_id=1)

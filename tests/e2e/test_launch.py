@@ -30,7 +30,7 @@ def test_local_sweep_writes_summary(tmp_path):
 
 def test_submit_without_waiting_then_collect(tmp_path):
     run_dir = tmp_path / "run"
-    submitted = run_ftexp("mode=dp2", "launcher.wait=false", f"hydra.run.dir={run_dir}", cwd=tmp_path, timeout=120)
+    submitted = run_ftexp("mode=dp2", "launcher.wait=false", f"hydra.run.dir={run_dir}", cwd=tmp_path, timeout=300)
     assert submitted.returncode == 0, submitted.stderr
     assert "submitted job" in submitted.stdout and "stage=collect" in submitted.stdout
     assert not (run_dir / "report.md").exists()  # returned before training finished

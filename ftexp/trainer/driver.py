@@ -35,8 +35,8 @@ from ftexp.trainer.group import TrainGroup
 from ftexp.trainer.nodes import CellPlacer, restore_node
 from ftexp.tasks import build_task
 from ftexp.tasks.base import Task
-from ftexp.trainer.rollout_engines import (EngineAddresses, SideEngines, WeightPush, evaluate_task, record_update,
-                                           write_rollout)
+from ftexp.trainer.rollout_engines import (EngineAddresses, GroupNames, SideEngines, WeightPush, evaluate_task,
+                                           record_update, write_rollout)
 from ftexp.trainer.step import record_metrics, record_step_time
 from ftexp.store import LoopbackStore
 
@@ -105,12 +105,12 @@ def _start_control_plane(spec: JobSpec, group: TrainGroup, events: EventLogger) 
 
 
 def _update_weights(spec: JobSpec, group: TrainGroup, engines: EngineAddresses, events: EventLogger,
-                    rollout_id: int | None) -> None:
+                    rollout_id: int | None, names: GroupNames) -> None:
     """The first alive cell pushes its weights to every engine; the engines' checksums become an event.
 
-    The weight-update group is named after the sending cell's incarnation, so it is formed anew
-    whenever the first alive cell changes. A restarted cell is in its second incarnation or later;
-    from the first restart on, the engine negative controls plant their bugs.
+    The weight-update group is formed anew whenever the first alive cell (incarnation) changes
+    (``names``). A restarted cell is in its second incarnation or later; from the first restart on,
+    the engine negative controls plant their bugs.
     """
     first = group.cells[group.alive_indices()[0]]
     healed = any(c.incarnation > 1 for c in group.cells)
@@ -118,7 +118,7 @@ def _update_weights(spec: JobSpec, group: TrainGroup, engines: EngineAddresses, 
     urls = engines.engine_urls
     if control == NegativeControl.stale_engine_after_heal:
         urls = urls[:-1]
-    order = WeightPush(rollout_id=rollout_id, group_name=f"{spec.side}-cell{first.index}-{first.incarnation}-{len(urls)}",
+    order = WeightPush(rollout_id=rollout_id, group_name=names.name(first.index, first.incarnation, len(urls)),
                        engine_urls=urls, send=control != NegativeControl.skip_engine_update_after_heal,
                        transpose_one=spec.trainer.negative_control == NegativeControl.transposed_weight_conversion)
     pushed = [c for c in group.execute_first_alive("update_weights", order) if c is not None]
@@ -175,6 +175,7 @@ def run_ft_driver(spec: JobSpec) -> None:
     soak = spec.soak
     side_engines = SideEngines(spec) if spec.live_rollout else None
     task = build_task(spec.task) if spec.task is not None else None
+    group_names = GroupNames(spec.side)
     # The engines start while the cells do; the first weight push waits for both.
     starting = ThreadPoolExecutor(1).submit(side_engines.start) if side_engines is not None else None
     try:
@@ -183,7 +184,7 @@ def run_ft_driver(spec: JobSpec) -> None:
             events.log(resume_event(spec, witness_counter, [r["last_rollout_id"] for r in ranks_started]))
         engines = starting.result() if starting is not None else None
         if engines is not None:  # the initial sync: the engines start from random weights
-            _update_weights(spec, group, engines, events, None)
+            _update_weights(spec, group, engines, events, None, group_names)
         if spec.control is not None and spec.control.enabled:
             plane = _start_control_plane(spec, group, events)
         if soak is not None:
@@ -207,7 +208,7 @@ def run_ft_driver(spec: JobSpec) -> None:
                      group.alive_indices())
             _group_actions(spec, group, rollout_id)
             if engines is not None:  # before the save: the checkpoint's event snapshot holds this update
-                _update_weights(spec, group, engines, events, rollout_id)
+                _update_weights(spec, group, engines, events, rollout_id, group_names)
             if spec.should_save(rollout_id):
                 group.execute_first_alive("save", rollout_id)
         if task is not None and engines is not None and rollouts:

@@ -155,6 +155,25 @@ class WeightPush:
     transpose_one: bool = False         # negative control: one square tensor sent transposed
 
 
+class GroupNames:
+    """Names the weight-update groups of a side: a new name whenever the sender or the engine set changes.
+
+    A sender is a cell incarnation. The name counts the changes, so a sender that pushes again after
+    another one did (cell 1, then a healed cell 0, then cell 1 again after cell 0 died) forms a new group
+    rather than reusing its old one, which the engines dropped when the other sender's group formed.
+    """
+
+    def __init__(self, side: str):
+        self.side, self.changes = side, 0
+        self.last: tuple[int, int, int] | None = None
+
+    def name(self, cell_index: int, incarnation: int, num_engines: int) -> str:
+        if (cell_index, incarnation, num_engines) != self.last:
+            self.changes += 1
+            self.last = (cell_index, incarnation, num_engines)
+        return f"{self.side}-{self.changes}-cell{cell_index}-{incarnation}-{num_engines}"
+
+
 class WeightPusher:
     """The sending end of the weight-update group, kept by the rank that pushes (one group per name)."""
 

@@ -46,8 +46,10 @@ def job_spec(cfg: ExperimentConfig, run_dir: Path, side: str, phase: PhaseConfig
 def _injection(cfg: ExperimentConfig, run_dir: Path, phase: PhaseConfig) -> RolloutInjection | None:
     """A live-rollout mode with a match ratio: from the scripted heal on, train on the baseline's rollouts."""
     ratio = cfg.mode.rollout_inject_min_match_ratio
-    heal = FaultPlan(phase.target_actions, cfg.mode.num_cells).first_heal_rollout()
-    if ratio is None or heal is None or cfg.mode.rollout_num_engines == 0:
+    if ratio is None or cfg.mode.rollout_num_engines == 0:
+        return None
+    heal = FaultPlan(phase.target_actions, cfg.mode.num_cells, placement_for(cfg)).first_heal_rollout()
+    if heal is None:
         return None
     return RolloutInjection(data_dir=side_dir(run_dir, BASELINE, phase.name).rollout_data,
                             start_rollout_id=heal, min_match_ratio=ratio)

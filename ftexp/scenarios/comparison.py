@@ -173,7 +173,7 @@ def _engine_checks(cfg: ExperimentConfig, base: SideDir, targ: SideDir, phase: P
     if cfg.scenario.deterministic:
         checks.append(compare_inference_engine_checksums(base.events, targ.events, f"{label}engine_checksums"))
     ratio = cfg.mode.rollout_inject_min_match_ratio
-    heal = FaultPlan(phase.target_actions, cfg.mode.num_cells).first_heal_rollout()
+    heal = FaultPlan(phase.target_actions, cfg.mode.num_cells, placement_for(cfg)).first_heal_rollout()
     if ratio is not None and heal is not None:
         checks.append(check_injections(targ.events, [r for r in rollouts if r >= heal], ratio,
                                        f"{label}rollout_injection"))

@@ -63,7 +63,7 @@ class RolloutConfig:
     backend: RolloutBackend = RolloutBackend.cpu
     engine_temperature: float = 0.8
     engine_top_p: float = 1.0
-    engine_start_timeout_s: float = 120.0
+    engine_start_timeout_s: float = 300.0  # 4 engines + the trainer starting on 2 loaded cores
 
 
 class Engine(enum.Enum):

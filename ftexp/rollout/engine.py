@@ -88,7 +88,7 @@ class RolloutEngine:
 class EngineGroupConfig:
     num_engines: int
     num_cpus: float = 0.0  # Ray CPUs per engine actor (see the module docstring)
-    start_timeout_s: float = 120.0
+    start_timeout_s: float = 300.0  # several engines starting on a loaded 2-core machine take minutes
 
 
 class EngineGroup:

@@ -23,3 +23,9 @@ def assert_passed(run_dir: Path, result: subprocess.CompletedProcess) -> dict[st
     checks = report_checks(run_dir)
     assert all(c["passed"] for c in checks.values()), [c["summary"] for c in checks.values() if not c["passed"]]
     return checks
+
+
+def run_named(root: Path, name: str, *overrides: str, timeout: float = 1500) -> tuple[Path, subprocess.CompletedProcess]:
+    """A run in ``root/name``; its run dir and the finished process."""
+    run_dir = root / name
+    return run_dir, run_ftexp(*overrides, f"hydra.run.dir={run_dir}", cwd=root, timeout=timeout)

@@ -6,13 +6,12 @@ deliberately broken heal on one-rank megatron cells. Negative controls must turn
 """
 
 import shutil
-from pathlib import Path
 
 import megatron.core  # noqa: F401  (a required dependency: a broken install fails here, not as skips)
 import pytest
 import torch
 
-from ftexp_runner import assert_passed, report_checks, run_ftexp
+from ftexp_runner import assert_passed, report_checks, run_ftexp, run_named
 
 pytestmark = pytest.mark.e2e
 
@@ -22,13 +21,8 @@ def runs(tmp_path_factory):
     return tmp_path_factory.mktemp("megatron_runs")
 
 
-def _run(root: Path, name: str, *overrides: str):
-    run_dir = root / name
-    return run_dir, run_ftexp(*overrides, f"hydra.run.dir={run_dir}", cwd=root, timeout=1200)
-
-
 def test_tp_sp_cp_ep_cells_match_plain_dp(runs, tmp_path):
-    run_dir, result = _run(runs, "tp2_ep2", "mode=dp2_cp2_tp2_ep2", "scenario=no_failure")
+    run_dir, result = run_named(runs, "tp2_ep2", "mode=dp2_cp2_tp2_ep2", "scenario=no_failure")
     checks = assert_passed(run_dir, result)
     # Every rank of cell 0 dumped under its own coordinates; experts split over EP ranks.
     leaf = run_dir / "target" / "dumps" / "fwd_bwd" / "rollout_0"
@@ -56,7 +50,7 @@ def test_tp_sp_cp_ep_cells_match_plain_dp(runs, tmp_path):
 
 
 def test_pp_cp_cells_crash_shrink_and_heal(runs):
-    run_dir, result = _run(runs, "pp2_with_failure", "mode=dp2_cp2_pp2", "scenario=with_failure")
+    run_dir, result = run_named(runs, "pp2_with_failure", "mode=dp2_cp2_pp2", "scenario=with_failure")
     checks = assert_passed(run_dir, result)
     assert checks["phase_b/target_reconfigures"]["details"]["actual"] == [
         {"rollout_id": 2, "src_cell_index": None, "healed_cell_indices": [], "alive_cell_indices_after": [0]},
@@ -72,7 +66,7 @@ def test_pp_cp_cells_crash_shrink_and_heal(runs):
 
 
 def test_one_rank_megatron_cells_are_bitwise_and_a_heal_without_optimizer_state_is_caught(runs, tmp_path):
-    run_dir, result = _run(runs, "deterministic", "mode=dp2", "trainer.engine=megatron", "scenario=deterministic")
+    run_dir, result = run_named(runs, "deterministic", "mode=dp2", "trainer.engine=megatron", "scenario=deterministic")
     checks = assert_passed(run_dir, result)
     assert len(checks["phase_b/target_reconfigures"]["details"]["actual"]) == 2
 

@@ -24,7 +24,7 @@ from ftexp.rollout.client import SamplingParams
 from ftexp.rollout.live import sampling_seed
 from ftexp.rollout.server import CpuEngine, ServerConfig
 from loopback_probe import descendants, foreign_sockets
-from ftexp_runner import assert_passed, report_checks, run_ftexp
+from ftexp_runner import assert_passed, report_checks, run_ftexp, run_named
 
 pytestmark = pytest.mark.e2e
 # Smaller rollouts than the modes' default (32 prompts x 8): 8 prompts x 4 samples keep every run
@@ -37,11 +37,6 @@ SHORT = ("scenario.num_rollout=4",)
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     return tmp_path_factory.mktemp("real_rollout_runs")
-
-
-def _run(root: Path, name: str, *overrides: str):
-    run_dir = root / name
-    return run_dir, run_ftexp(*overrides, f"hydra.run.dir={run_dir}", cwd=root, timeout=1500)
 
 
 def _dumped_weights(leaf: Path) -> dict[str, torch.Tensor]:
@@ -137,7 +132,7 @@ def _target_again(run_dir: Path, tmp_path: Path, mode: str, scenario: str, contr
 
 def test_with_failure_trains_on_the_baseline_rollouts_after_the_heal(runs, tmp_path):
     mode = "dp2_cp2_real_rollout_dense"
-    run_dir, result = _run(runs, "wf", f"mode={mode}", "scenario=with_failure", *SMALL, *SHORT)
+    run_dir, result = run_named(runs, "wf", f"mode={mode}", "scenario=with_failure", *SMALL, *SHORT)
     checks = assert_passed(run_dir, result)
     assert [r["healed_cell_indices"] for r in checks["phase_b/target_reconfigures"]["details"]["actual"]] == [[], [1]]
     # At the heal (rollout 3) the target generated live, matched the baseline's rollout and trained on it.
@@ -159,7 +154,7 @@ def test_with_failure_trains_on_the_baseline_rollouts_after_the_heal(runs, tmp_p
 
 
 def test_deterministic_pushes_bitwise_equal_weights_to_the_engines(runs):
-    run_dir, result = _run(runs, "det", "mode=dp2_cp2_real_rollout", "scenario=deterministic", *SMALL)
+    run_dir, result = run_named(runs, "det", "mode=dp2_cp2_real_rollout", "scenario=deterministic", *SMALL)
     checks = assert_passed(run_dir, result)
     # phase_b's events include phase_a's, restored from its checkpoint.
     for phase, rollouts in (("phase_a", [0, 1, 2]), ("phase_b", [0, 1, 2, 3, 4, 5, 6])):

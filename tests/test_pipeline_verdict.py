@@ -87,12 +87,12 @@ def test_an_interrupted_job_names_what_was_cleaned_up(tmp_path, monkeypatch):
 
 def test_a_refused_config_leaves_a_fresh_dir_alone_and_takes_back_an_old_verdict(tmp_path):
     fresh = tmp_path / "fresh"
-    with pytest.raises(InputError, match="rollout engines"):
-        pipeline.run_stage(_cfg(fresh, "mode=dp2_cp2_real_rollout"), fresh)
+    with pytest.raises(InputError, match="rollout engines colocated"):
+        pipeline.run_stage(_cfg(fresh, "mode=colocate_dp2_cp2_rollout_ft"), fresh)
     assert not any((fresh / name).exists() for name in VERDICT)
     old = _passing_run_dir(tmp_path / "old")
-    with pytest.raises(InputError, match="rollout engines"):
-        pipeline.run_stage(_cfg(old, "mode=dp2_cp2_real_rollout"), old)
+    with pytest.raises(InputError, match="rollout engines colocated"):
+        pipeline.run_stage(_cfg(old, "mode=colocate_dp2_cp2_rollout_ft"), old)
     assert _statuses(old) == ("# ftexp verdict: ERROR", "ERROR", "ERROR")
 
 

@@ -98,6 +98,11 @@ class ModeConfig:
     colocate: bool = False
     ft_components: list[str] = field(default_factory=lambda: ["train"])
     model_preset: str = "tiny_dense"  # CPU-scale stand-in for reference_model
+    # The policy as a local HF checkpoint directory (Qwen3 / Qwen3-MoE: config.json, safetensors weights,
+    # tokenizer.json; read, never downloaded). Set, it replaces model_preset: the megatron engine builds
+    # the model from its config.json and loads its weights, the live rollout engines serve it and tasks
+    # tokenize with its tokenizer (ftexp.engines.megatron.hf_import).
+    hf_checkpoint: Optional[str] = None
     reference_model: str = ""         # the model the seed runs on GPUs
     engines: list[Engine] = field(default_factory=lambda: [Engine.torch])  # able to run it; the first is the default
 
@@ -195,7 +200,7 @@ class ThresholdConfig:
 
 @dataclass
 class MegatronConfig:
-    """Settings of the megatron engine (its model comes from the mode's ``model_preset``)."""
+    """Settings of the megatron engine (its model comes from the mode's ``model_preset`` or ``hf_checkpoint``)."""
 
     micro_batch_size: int = 32            # samples per microbatch of Megatron's schedule (the nearest divisor of a shard)
 

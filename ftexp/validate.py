@@ -7,15 +7,15 @@ exit 2, nothing launched.
 
 from __future__ import annotations
 
-from ftexp.config import ExperimentConfig, Stage
-from ftexp.engines.megatron.presets import PRESETS
+from ftexp.config import ExperimentConfig, Stage, TaskName
+from ftexp.engines.megatron import model_preset
 from ftexp.engines.registry import MODEL_FEATURES, get_engine
 from ftexp.errors import InputError
 from ftexp.rollout.tokenizer import VOCAB_SIZE as TOKENIZER_VOCAB_SIZE
 from ftexp.rundir import TARGET
 from ftexp.scenarios import Scenario, load_scenario
 from ftexp.tasks import build_task
-from ftexp.tasks.base import END, encode, longest_prompt
+from ftexp.tasks.base import longest_prompt, policy_tokenizer
 from ftexp.verify.dumps import compile_pattern, parse_rules
 
 
@@ -83,10 +83,11 @@ def validate_thresholds(cfg: ExperimentConfig) -> None:
 
 
 def validate_live_rollout(cfg: ExperimentConfig) -> None:
-    """Live engines run the policy in HF layout with the ASCII tokenizer; generation must fit the model."""
+    """Live engines run the policy in HF layout with the ASCII tokenizer (or an HF checkpoint's own, which
+    fits its model); generation must fit the model."""
     rollout, engine = cfg.trainer.rollout, get_engine(cfg.trainer.engine)
     vocab = engine.vocab_size(cfg.mode)
-    if vocab != TOKENIZER_VOCAB_SIZE:
+    if not cfg.mode.hf_checkpoint and vocab != TOKENIZER_VOCAB_SIZE:
         raise InputError(f"mode {cfg.mode.name}: live rollout engines tokenize ASCII ({TOKENIZER_VOCAB_SIZE} tokens); "
                          f"the model's vocabulary has {vocab}")
     if rollout.engine_temperature <= 0 or not 0 < rollout.engine_top_p <= 1:
@@ -115,15 +116,18 @@ def validate_task(cfg: ExperimentConfig, scenario: Scenario) -> None:
     if task.data_path == "???" or (task.name.value == "gsm8k" and not task.data_path):
         raise InputError("task=gsm8k needs task.data_path=<a GSM8K .jsonl or .parquet file>")
     built = build_task(task)
-    preset = PRESETS.get(cfg.mode.model_preset)
-    if preset is None:
-        return
-    prompt = max(longest_prompt(built.eval_problems()), longest_prompt(built.train_problems(0, 64, cfg.seed)))
-    warmup = max((len(encode(p.prompt + p.solution + END)) for p in built.warmup_problems(0, 64, cfg.seed)), default=0)
+    if task.name == TaskName.gsm8k and not cfg.mode.hf_checkpoint:  # the seed's recipe: a real model, never a preset
+        raise InputError("task=gsm8k trains a policy loaded from an HF checkpoint: set mode.hf_checkpoint=<a local "
+                         "Qwen3 / Qwen3-MoE directory: config.json, model.safetensors, tokenizer.json>")
+    preset, tokenizer = model_preset(cfg.mode), policy_tokenizer(cfg.mode)
+    prompt = max(longest_prompt(built.eval_problems(), tokenizer),
+                 longest_prompt(built.train_problems(0, 64, cfg.seed), tokenizer))
+    warmup = max((len(tokenizer.encode(p.prompt)) + len(tokenizer.encode(p.solution)) + 1
+                  for p in built.warmup_problems(0, 64, cfg.seed)), default=0)
     if max(prompt + task.max_response_tokens, warmup if task.warmup.steps else 0) > preset.seq_length:
-        raise InputError(f"task={task.name.value}: prompts of up to {prompt} characters + task.max_response_tokens="
+        raise InputError(f"task={task.name.value}: prompts of up to {prompt} tokens + task.max_response_tokens="
                          f"{task.max_response_tokens} (warm-up examples up to {warmup}) exceed the {preset.seq_length}-token "
-                         f"context of mode {cfg.mode.name}'s model ({cfg.mode.model_preset})")
+                         f"context of mode {cfg.mode.name}'s model ({cfg.mode.hf_checkpoint or cfg.mode.model_preset})")
 
 
 def validate(cfg: ExperimentConfig) -> None:
@@ -136,6 +140,8 @@ def validate(cfg: ExperimentConfig) -> None:
             f" engine={cfg.trainer.engine.value} cannot run it (it runs on: {', '.join(e.value for e in mode.engines)})"
         )
     get_engine(cfg.trainer.engine).validate(mode, cfg.trainer)
+    if mode.hf_checkpoint:
+        policy_tokenizer(mode)  # its tokenizer.json must load, task or not: the engines and the router use it
     if mode.num_cells < 1:
         raise InputError(f"mode {mode.name}: num_cells must be >= 1")
     samples = cfg.trainer.rollout.rollout_batch_size * cfg.trainer.rollout.n_samples_per_prompt

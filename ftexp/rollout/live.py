@@ -4,7 +4,8 @@ A live rollout has the same shape as a recorded one (``ftexp.rollout.recorded``)
 prompts, each answered ``n_samples_per_prompt`` times, with the sampled tokens' log-probs as the engine
 computed them (temperature 1). Without a task, the prompts are random tokens and every sample is scored
 by the ``deterministic_random`` reward; with one (``ftexp.tasks``), the prompts are the task's training
-problems, a response ends at the task's end-of-answer token, and its reward is the task's grade. The
+problems in the policy's tokens (``tasks.base.PolicyTokenizer``: ASCII, or an HF checkpoint's), a
+response ends at the tokenizer's end-of-answer token, and its reward is the task's grade. The
 prompts are drawn from (seed, rollout_id) and every sample has its own sampling seed, so a rollout is a
 pure function of (weights, seed, rollout_id): whichever engine the router picks for a request, baseline
 and target generate the same samples from the same weights.
@@ -28,7 +29,7 @@ from ftexp.config import RolloutConfig
 from ftexp.errors import InputError
 from ftexp.rollout.client import EngineClient, Generation, SamplingParams
 from ftexp.rollout.recorded import deterministic_random_reward, rollout_metadata
-from ftexp.tasks.base import END_ID, Problem, Task, encode, response_text
+from ftexp.tasks.base import PolicyTokenizer, Problem, Task, response_text
 
 # Requests in flight at once: enough to keep every engine busy behind the router.
 CONCURRENT_REQUESTS = 16
@@ -49,10 +50,12 @@ def sampling_seed(cfg: RolloutConfig, rollout_id: int, sample_index: int) -> int
 
 
 def generate_live_rollout(router: EngineClient, rollout_id: int, cfg: RolloutConfig, vocab_size: int,
-                          task: Task | None = None, max_response_tokens: int | None = None) -> dict[str, Any]:
+                          task: Task | None = None, max_response_tokens: int | None = None, *,
+                          tokenizer: PolicyTokenizer) -> dict[str, Any]:
     """One rollout through ``router`` (the sglang router, or one engine): a request per sample, several in flight.
 
-    With a ``task``, responses stop at its end-of-answer token or after ``max_response_tokens``.
+    With a ``task``, prompts are its problems in ``tokenizer``'s ids and responses stop at the
+    tokenizer's end-of-answer token or after ``max_response_tokens``.
     """
     num_samples = cfg.rollout_batch_size * cfg.n_samples_per_prompt
     problems: list[Problem] = []
@@ -60,13 +63,13 @@ def generate_live_rollout(router: EngineClient, rollout_id: int, cfg: RolloutCon
         prompts = rollout_prompts(rollout_id, cfg, vocab_size)
     else:
         problems = task.train_problems(rollout_id, cfg.rollout_batch_size, cfg.seed)
-        prompts = [encode(p.prompt) for p in problems]
+        prompts = [tokenizer.encode(p.prompt) for p in problems]
     prompt_of = [prompts[index // cfg.n_samples_per_prompt] for index in range(num_samples)]
 
     def sample(index: int) -> Generation:
         params = SamplingParams(temperature=cfg.engine_temperature, top_p=cfg.engine_top_p,
                                 max_new_tokens=cfg.response_len if task is None else max_response_tokens,
-                                stop_token_ids=() if task is None else (END_ID,), ignore_eos=True,
+                                stop_token_ids=() if task is None else (tokenizer.end_id,), ignore_eos=True,
                                 sampling_seed=sampling_seed(cfg, rollout_id, index))
         return router.generate(prompt_of[index], params, return_logprob=True)
 
@@ -82,7 +85,7 @@ def generate_live_rollout(router: EngineClient, rollout_id: int, cfg: RolloutCon
         if task is None:
             reward = deterministic_random_reward(tokens, response)
         else:
-            reward = task.reward(problems[index // cfg.n_samples_per_prompt], response_text(response))
+            reward = task.reward(problems[index // cfg.n_samples_per_prompt], response_text(response, tokenizer))
         samples.append({
             "group_index": index // cfg.n_samples_per_prompt,
             "index": index,
@@ -98,15 +101,15 @@ def generate_live_rollout(router: EngineClient, rollout_id: int, cfg: RolloutCon
     return {"rollout_id": rollout_id, "metadata": metadata, "samples": samples}
 
 
-def evaluate(router: EngineClient, task: Task, max_response_tokens: int) -> float:
+def evaluate(router: EngineClient, task: Task, max_response_tokens: int, tokenizer: PolicyTokenizer) -> float:
     """The accuracy of the engines' current policy on ``task``'s eval set, answering greedily."""
     problems = task.eval_problems()
-    params = SamplingParams(temperature=0.0, top_k=1, max_new_tokens=max_response_tokens, stop_token_ids=(END_ID,),
-                            ignore_eos=True)
+    params = SamplingParams(temperature=0.0, top_k=1, max_new_tokens=max_response_tokens,
+                            stop_token_ids=(tokenizer.end_id,), ignore_eos=True)
 
     def grade(problem: Problem) -> float:
-        answer = router.generate(encode(problem.prompt), params, return_logprob=False)
-        return task.reward(problem, response_text(answer.output_ids))
+        answer = router.generate(tokenizer.encode(problem.prompt), params, return_logprob=False)
+        return task.reward(problem, response_text(answer.output_ids, tokenizer))
 
     with ThreadPoolExecutor(CONCURRENT_REQUESTS) as pool:
         return sum(pool.map(grade, problems)) / len(problems)

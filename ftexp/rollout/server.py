@@ -36,6 +36,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict
 
 from ftexp.audit.checksums import digest, tensor_hash
+from ftexp.engines.megatron.hf_import import checkpoint_weight_files, has_weights, read_tensors
 from ftexp.errors import InputError, one_line
 from ftexp.rollout import weight_group
 from ftexp.rollout.client import SamplingParams, decode_named_tensors
@@ -56,7 +57,7 @@ class BadRequest(Exception):
 class ServerConfig:
     """What one engine serves.
 
-    ``model_path`` holds the HF ``config.json`` and, optionally, ``model.safetensors`` (checkpoint
+    ``model_path`` holds the HF ``config.json`` and, optionally, ``model.safetensors`` or its shards (checkpoint
     names); without weights the model starts from a random init seeded by ``init_seed`` and gets its
     weights from the trainer's first update. ``tokenizer_path`` defaults to ``model_path``.
     """
@@ -142,14 +143,11 @@ class CpuEngine:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(config.init_seed)
             self.model = build_model(self.model_path)
-        weights = Path(self.model_path) / "model.safetensors"
-        if weights.exists():
-            from safetensors.torch import load_file
-
-            named = load_file(str(weights))
+        if has_weights(self.model_path):
+            named = read_tensors(checkpoint_weight_files(self.model_path))
             missing = sorted(set(hf_state_dict(self.model)) - set(named))
             if missing:
-                raise InputError(f"{weights}: {len(missing)} weight(s) missing, e.g. {missing[0]}")
+                raise InputError(f"{self.model_path}: {len(missing)} weight(s) missing, e.g. {missing[0]}")
             load_hf_weights(self.model, named)
         hf_config = self.model.config
         self.tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)

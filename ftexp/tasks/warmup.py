@@ -3,7 +3,8 @@
 GRPO from random weights stays at chance on arithmetic (no sample is ever right, so no advantage is
 ever non-zero). The run therefore starts with ``task.warmup.steps`` cross-entropy steps on the
 task's warm-up split — disjoint from the prompts GRPO trains on and from the eval set — each on a
-batch of ``prompt + solution + END`` with the loss on the solution and END only.
+batch of the prompt, the solution and the end token (``tasks.base.PolicyTokenizer``) with the loss
+on the solution and the end token only.
 
 Every cell warms up on its own, before the cells first meet: the same initial weights, the same
 batches (a pure function of the experiment seed and the step) and the same kernels, so the cells
@@ -21,7 +22,7 @@ import torch
 
 from ftexp.config import WarmupConfig
 from ftexp.engines.grpo import PAD_TOKEN, TrainBatch
-from ftexp.tasks.base import END, Problem, Task, encode
+from ftexp.tasks.base import PolicyTokenizer, Problem, Task
 
 log = logging.getLogger(__name__)
 LOG_EVERY = 50
@@ -32,9 +33,9 @@ class SupervisedReplica(Protocol):
         """One cross-entropy step of this replica alone at learning rate ``lr``; the batch's mean loss."""
 
 
-def supervised_batch(problems: Sequence[Problem]) -> TrainBatch:
-    """``prompt + solution + END`` per problem, right-padded; the loss mask covers solution and END."""
-    sequences = [(encode(p.prompt), encode(p.solution + END)) for p in problems]
+def supervised_batch(problems: Sequence[Problem], tokenizer: PolicyTokenizer) -> TrainBatch:
+    """Prompt, solution, end token per problem, right-padded; the loss mask covers solution and end token."""
+    sequences = [(tokenizer.encode(p.prompt), tokenizer.encode(p.solution) + [tokenizer.end_id]) for p in problems]
     width = max(len(prompt) + len(answer) for prompt, answer in sequences)
     tokens = torch.full((len(problems), width), PAD_TOKEN, dtype=torch.long)
     loss_mask = torch.zeros(len(problems), width - 1)
@@ -46,15 +47,16 @@ def supervised_batch(problems: Sequence[Problem]) -> TrainBatch:
                       advantages=torch.ones(len(problems)), sample_indices=torch.arange(len(problems)))
 
 
-def warm_up(replica: SupervisedReplica, task: Task, cfg: WarmupConfig, seed: int, announce: bool) -> list[float]:
+def warm_up(replica: SupervisedReplica, task: Task, cfg: WarmupConfig, seed: int, announce: bool,
+            tokenizer: PolicyTokenizer) -> list[float]:
     """Run the warm-up on ``replica`` (every rank of the replica calls it); the loss of every step.
 
     ``announce``: this rank logs the progress (one rank per cell is enough).
     """
     started, losses = time.monotonic(), []
     for step in range(cfg.steps):
-        losses.append(replica.supervised_step(supervised_batch(task.warmup_problems(step, cfg.batch_size, seed)),
-                                              cfg.lr))
+        losses.append(replica.supervised_step(supervised_batch(task.warmup_problems(step, cfg.batch_size, seed),
+                                                               tokenizer), cfg.lr))
         if announce and (step + 1) % LOG_EVERY == 0:
             log.info("warm-up step %d/%d: loss %.4f", step + 1, cfg.steps, losses[-1])
     if announce and losses:

@@ -40,6 +40,7 @@ from ftexp.job import JobSpec
 from ftexp.rollout.recorded import load_rollout
 from ftexp.rundir import rollout_path
 from ftexp.tasks import build_task
+from ftexp.tasks.base import policy_tokenizer
 from ftexp.tasks.warmup import warm_up
 from ftexp.trainer import transfer
 from ftexp.trainer.cell import IndepDPInfo
@@ -108,7 +109,8 @@ class CellRank:
         # cell's later ones, like a resumed run's, receive their state). Here, because the group meets the
         # cells only once every one is built, so a long warm-up delays no rendezvous.
         if spec.task is not None and spec.task.warmup.steps and incarnation <= 1 and spec.load_dir is None:
-            warm_up(self.replica, build_task(spec.task), spec.task.warmup, spec.seed, announce=rank_within_cell == 0)
+            warm_up(self.replica, build_task(spec.task), spec.task.warmup, spec.seed, announce=rank_within_cell == 0,
+                    tokenizer=policy_tokenizer(spec.mode))
         self.info: IndepDPInfo | None = None
         self.pg: ProcessGroupGloo | None = None
         # quorum id -> set once the driver saw a member of that quorum die. Kept per quorum, so a

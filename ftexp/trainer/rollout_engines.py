@@ -3,9 +3,11 @@
 Modes with ``rollout_num_engines > 0`` train on-policy. Each side (baseline and target) runs its own
 engines and router, owned by the side's parent process (the target's driver, the baseline's launcher):
 
-1. ``SideEngines.start``: the policy's HF config and tokenizer go to ``<side>/engines/model``; the
-   engines (one Ray actor each on CPU, sglang servers on GPUs) start from it, the sglang router in
-   front of them. The engines' weights are random until the first push.
+1. ``SideEngines.start``: the policy's HF config and tokenizer go to ``<side>/engines/model`` — or,
+   for a policy given as an HF checkpoint (``mode.hf_checkpoint``), the checkpoint's own directory
+   is the model dir; the engines (one Ray actor each on CPU, sglang servers on GPUs) start from it,
+   the sglang router in front of them. The engines' weights are random (the checkpoint's on CPU)
+   until the first push.
 2. ``write_rollout`` (the driver, or the baseline's rank 0): one rollout generated through the router
    from the current weights, written to the side's ``rollout_data/<id>.pt`` that every rank trains
    on — after the match guard, the injected recorded rollout instead.
@@ -46,7 +48,7 @@ from ftexp.rollout.sglang_launcher import SglangServer, SglangServerSpec
 from ftexp.rollout.tokenizer import write_ascii_tokenizer
 from ftexp.rollout.weight_sync import WeightSender, engine_checksums, tensor_checksums
 from ftexp.rundir import rollout_path
-from ftexp.tasks.base import Task
+from ftexp.tasks.base import Task, policy_tokenizer
 
 log = logging.getLogger(__name__)
 # A sender that dies mid-update (its cell crashed) leaves every engine waiting on its weight-update
@@ -75,9 +77,12 @@ class SideEngines:
 
     def start(self) -> EngineAddresses:
         rollout = self.spec.trainer.rollout
-        model_dir = self.spec.side_dir.engine_model
-        get_engine(self.spec.trainer.engine).write_hf_model_dir(self.spec.mode, model_dir)
-        write_ascii_tokenizer(model_dir)
+        if self.spec.mode.hf_checkpoint:  # its config, weights and tokenizer: served as they are
+            model_dir = Path(self.spec.mode.hf_checkpoint).resolve()
+        else:
+            model_dir = self.spec.side_dir.engine_model
+            get_engine(self.spec.trainer.engine).write_hf_model_dir(self.spec.mode, model_dir)
+            write_ascii_tokenizer(model_dir)
         if rollout.backend == RolloutBackend.cpu:
             server = ServerConfig(model_path=str(model_dir), weight_group_timeout_s=ENGINE_GROUP_TIMEOUT_S)
             self.engines = EngineGroup(server, EngineGroupConfig(self.spec.mode.rollout_num_engines,
@@ -131,7 +136,8 @@ def write_rollout(spec: JobSpec, engines: EngineAddresses, rollout_id: int, even
     vocab_size = get_engine(spec.trainer.engine).vocab_size(spec.mode)
     max_response_tokens = spec.task.max_response_tokens if task is not None else None
     with EngineClient(engines.router_url) as router:
-        batch = generate_live_rollout(router, rollout_id, spec.trainer.rollout, vocab_size, task, max_response_tokens)
+        batch = generate_live_rollout(router, rollout_id, spec.trainer.rollout, vocab_size, task, max_response_tokens,
+                                      tokenizer=policy_tokenizer(spec.mode))
     inject = spec.inject
     if inject is not None and rollout_id >= inject.start_rollout_id:
         recorded = load_rollout(rollout_path(inject.data_dir, rollout_id), expected_rollout_id=rollout_id)
@@ -218,4 +224,4 @@ def record_update(events: EventLogger, engines: EngineAddresses, rollout_id: int
 def evaluate_task(spec: JobSpec, engines: EngineAddresses, task: Task) -> float:
     """The eval accuracy of the policy the engines hold now."""
     with EngineClient(engines.router_url) as router:
-        return evaluate(router, task, spec.task.max_response_tokens)
+        return evaluate(router, task, spec.task.max_response_tokens, policy_tokenizer(spec.mode))

@@ -10,7 +10,7 @@ from ftexp.config import TaskConfig, TaskName
 from ftexp.errors import InputError
 from ftexp.rollout.tokenizer import build_ascii_tokenizer
 from ftexp.tasks import build_task
-from ftexp.tasks.base import END, END_ID, Problem, decode, encode, response_text
+from ftexp.tasks.base import ASCII, END, END_ID, Problem, decode, encode, response_text
 from ftexp.tasks.gsm import final_number, grade, read_gsm8k
 from ftexp.tasks.warmup import supervised_batch
 from ftexp_runner import run_ftexp
@@ -24,7 +24,7 @@ def test_encoding_is_the_rollout_tokenizers():
     assert encode(text) == build_ascii_tokenizer().encode(text).ids
     assert decode(encode(text)) == text
     assert encode("é") == build_ascii_tokenizer().encode("é").ids == [0x1A]  # outside ASCII: SUB
-    assert END_ID == 4 and response_text(encode("-12" + END + "junk")) == "-12"
+    assert END_ID == ASCII.end_id == 4 and response_text(encode("-12" + END + "junk"), ASCII) == "-12"
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +115,7 @@ def test_gsm_symbolic_generates_gradable_word_problems():
 
 def test_warmup_batch_masks_the_answer_and_end_only():
     problems = [Problem("1+2=", "3", "3"), Problem("9-9-9=", "-9", "-9")]
-    batch = supervised_batch(problems)
+    batch = supervised_batch(problems, ASCII)
     assert batch.tokens.tolist()[0][:6] == encode("1+2=3" + END)
     for row, p in enumerate(problems):
         targets = batch.tokens[row, 1:][batch.loss_mask[row] == 1]
@@ -140,7 +140,8 @@ def test_missing_gsm8k_path_exits_2_with_one_line(tmp_path):
     (["scenario=realistic", "scenario.metric_threshold=1.5"], "metric_threshold must be an accuracy in (0, 1]"),
     (["scenario=realistic_gsm8k"], "task=gsm8k needs task.data_path=<a GSM8K .jsonl or .parquet file>"),
     (["scenario=realistic", "scenario.metric_threshold=null"], "set scenario.metric_threshold"),
-    (["scenario=realistic_gsm8k", f"task.data_path={DATA}"], "exceed the 64-token context"),
+    (["scenario=realistic_gsm8k", f"task.data_path={DATA}"], "task=gsm8k trains a policy loaded from an HF checkpoint: "
+                                                             "set mode.hf_checkpoint=<"),
 ])
 def test_task_settings_are_validated(tmp_path, overrides, message):
     from hydra import compose, initialize_config_module

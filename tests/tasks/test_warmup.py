@@ -24,6 +24,7 @@ def _worker(rank, out_path, port):
     from ftexp.config import Engine, ModeConfig, TaskConfig, TaskName, TrainerConfig, WarmupConfig
     from ftexp.engines.megatron.replica import MegatronReplica
     from ftexp.tasks import build_task
+    from ftexp.tasks.base import ASCII
     from ftexp.tasks.warmup import warm_up
 
     torch.set_num_threads(1)
@@ -35,7 +36,7 @@ def _worker(rank, out_path, port):
     out = {"fresh": MegatronReplica(cfg, mode, seed=1).checksums()}
     for name, seed in (("cell0", 1), ("cell1", 1), ("other_seed", 2)):
         replica = MegatronReplica(cfg, mode, seed=1)
-        out[f"{name}_losses"] = warm_up(replica, task, warmup, seed=seed, announce=False)
+        out[f"{name}_losses"] = warm_up(replica, task, warmup, seed=seed, announce=False, tokenizer=ASCII)
         out[name] = replica.checksums()
         out[f"{name}_lr"] = replica.optimizer.param_groups[0]["lr"]
         out[f"{name}_last_rollout_id"] = replica.last_rollout_id

@@ -14,13 +14,13 @@ untied embeddings), and the conversion only re-lays tensors out:
 
 `hf_config` derives the ``config.json`` from the Megatron config the engine builds (epsilon, RoPE
 base, sizes) and refuses a Megatron setting the HF model cannot express. `to_hf` converts unsplit
-tensors by global name (``model.global_names``); `gather_full_tensors` is the collective over one
+tensors by global name (``model.global_names``) for a preset's name or any `GPTPreset` (that of an HF
+checkpoint: ``hf_import`` is the way back); `gather_full_tensors` is the collective over one
 replica's ranks that assembles them from TP / EP / PP shards.
 """
 
 from __future__ import annotations
 
-import inspect
 import json
 import re
 from pathlib import Path
@@ -78,17 +78,12 @@ def _megatron_config(preset_name: str):
     return config
 
 
-def _preset(preset_name: str) -> GPTPreset:
-    if preset_name not in PRESETS:
-        raise ValueError(f"unknown model preset {preset_name!r} (presets: {', '.join(PRESETS)})")
-    return PRESETS[preset_name]
-
-
-def _rotary_base() -> float:
-    """The RoPE base GPTModel uses when the engine does not pass one (``model.build_gpt`` does not)."""
-    from megatron.core.models.gpt import GPTModel
-
-    return float(inspect.signature(GPTModel.__init__).parameters["rotary_base"].default)
+def _preset(preset: str | GPTPreset) -> GPTPreset:
+    if isinstance(preset, GPTPreset):
+        return preset
+    if preset not in PRESETS:
+        raise ValueError(f"unknown model preset {preset!r} (presets: {', '.join(PRESETS)})")
+    return PRESETS[preset]
 
 
 def hf_config(preset_name: str) -> dict:
@@ -109,7 +104,7 @@ def hf_config(preset_name: str) -> dict:
         "hidden_act": "silu",
         "max_position_embeddings": preset.seq_length,  # GPTModel's max_sequence_length
         "rms_norm_eps": config.layernorm_epsilon,
-        "rope_theta": _rotary_base(),
+        "rope_theta": preset.rotary_base,
         "rope_scaling": None,
         "attention_bias": False,
         "attention_dropout": 0.0,
@@ -150,14 +145,14 @@ def write_hf_model_dir(preset_name: str, directory: str | Path,
     return directory
 
 
-def to_hf(full_tensors: dict[str, torch.Tensor], preset_name: str) -> dict[str, torch.Tensor]:
+def to_hf(full_tensors: dict[str, torch.Tensor], preset: str | GPTPreset) -> dict[str, torch.Tensor]:
     """Unsplit Megatron tensors (global names) -> HF checkpoint tensors; any subset converts on its own."""
-    preset = _preset(preset_name)
+    model = _preset(preset)
     out: dict[str, torch.Tensor] = {}
     for name, tensor in full_tensors.items():
-        converted = _convert(name, tensor, preset)
+        converted = _convert(name, tensor, model)
         if converted is None:
-            raise ValueError(f"no HF name for Megatron tensor {name!r} (preset {preset_name})")
+            raise ValueError(f"no HF name for Megatron tensor {name!r} (preset {preset})")
         out.update(converted)
     return out
 
@@ -190,7 +185,7 @@ def _convert(name: str, tensor: torch.Tensor, preset: GPTPreset) -> dict[str, to
 def _split_qkv(name: str, qkv: torch.Tensor, preset: GPTPreset) -> dict[str, torch.Tensor]:
     groups = preset.num_query_groups
     heads_per_group = preset.num_attention_heads // groups
-    head_dim = preset.hidden_size // preset.num_attention_heads
+    head_dim = preset.kv_channels
     rows = groups * (heads_per_group + 2) * head_dim
     if qkv.dim() != 2 or qkv.shape[0] != rows:
         raise ValueError(f"{name}: shape {tuple(qkv.shape)}, expected ({rows}, hidden) for "

@@ -2,7 +2,7 @@
 
 `build_gpt` sets up Megatron's parallel state for a mode's layout (``ftexp.config.ModeConfig``)
 and builds the local shard of a GPTModel from a preset (local layer spec, fp32, no dropout, CPU
-initialisation); `wrap_for_training` adds Megatron's DDP and optimizer (Adam). Every parameter
+initialisation; a preset's name, or the `GPTPreset` of an HF checkpoint); `wrap_for_training` adds Megatron's DDP and optimizer (Adam). Every parameter
 has a global name (`global_names`: layer and expert indices as in the unsplit model).
 """
 
@@ -42,6 +42,7 @@ def transformer_config(preset: GPTPreset, mode: ModeConfig) -> TransformerConfig
             # how samples are grouped into microbatches or ranks (cells must match plain DP).
             moe_router_load_balancing_type="seq_aux_loss",
             moe_aux_loss_coeff=preset.moe_aux_loss_coeff,
+            moe_router_pre_softmax=preset.moe_router_pre_softmax,
         )
     return TransformerConfig(
         num_layers=preset.num_layers,
@@ -49,8 +50,9 @@ def transformer_config(preset: GPTPreset, mode: ModeConfig) -> TransformerConfig
         num_attention_heads=preset.num_attention_heads,
         num_query_groups=preset.num_query_groups,
         ffn_hidden_size=preset.ffn_hidden_size,
-        kv_channels=preset.hidden_size // preset.num_attention_heads,
+        kv_channels=preset.kv_channels,
         normalization="RMSNorm",
+        layernorm_epsilon=preset.layernorm_epsilon,
         qk_layernorm=True,
         gated_linear_unit=True,
         activation_func=F.silu,
@@ -72,13 +74,14 @@ def transformer_config(preset: GPTPreset, mode: ModeConfig) -> TransformerConfig
     )
 
 
-def build_gpt(preset_name: str, mode: ModeConfig, seed: int = 1234) -> GPTModel:
+def build_gpt(preset: str | GPTPreset, mode: ModeConfig, seed: int = 1234) -> GPTModel:
     """Initialise Megatron's parallel state for `mode`'s layout and build this rank's GPTModel shard.
 
     torch.distributed must already be initialised (gloo on CPU); its world size must be a
     multiple of tp·pp·cp (``mode.ranks_per_cell``; and of ep for MoE).
     """
-    preset = PRESETS[preset_name]
+    if isinstance(preset, str):
+        preset = PRESETS[preset]
     if not torch.cuda.is_available():  # expert-TP > 1 is refused at launch on CPU (ftexp.launch.capacity)
         apply_cpu_patches()
     if parallel_state.model_parallel_is_initialized():
@@ -109,6 +112,7 @@ def build_gpt(preset_name: str, mode: ModeConfig, seed: int = 1234) -> GPTModel:
         post_process=parallel_state.is_pipeline_last_stage(),
         share_embeddings_and_output_weights=False,
         position_embedding_type="rope",
+        rotary_base=preset.rotary_base,
     )
 
 

@@ -1,4 +1,9 @@
-"""Model presets of the megatron engine: CPU-scale stand-ins for the seed's models (no megatron import)."""
+"""Model presets of the megatron engine: CPU-scale stand-ins for the seed's models (no megatron import).
+
+A `GPTPreset` is everything the engine needs to build a GPT of the Qwen3 architecture (RMSNorm,
+QK-norm, SwiGLU, GQA, RoPE, untied embeddings; every layer MoE when it has experts). `PRESETS`
+are the named CPU models; ``hf_import.HFCheckpoint`` derives one from a checkpoint's ``config.json``.
+"""
 
 from __future__ import annotations
 
@@ -11,12 +16,21 @@ class GPTPreset:
     hidden_size: int
     num_attention_heads: int
     num_query_groups: int
-    ffn_hidden_size: int
+    ffn_hidden_size: int  # of every expert when the model has experts (every layer is MoE)
     vocab_size: int
     seq_length: int
     num_experts: int | None = None
     moe_router_topk: int = 2
     moe_aux_loss_coeff: float = 0.0
+    head_dim: int | None = None          # None: hidden_size // num_attention_heads
+    rotary_base: float = 10000.0         # GPTModel's default RoPE base
+    layernorm_epsilon: float = 1e-5      # TransformerConfig's default
+    # Experts weighted by the softmax over all of them (HF norm_topk_prob=false), not renormalised over the top k.
+    moe_router_pre_softmax: bool = False
+
+    @property
+    def kv_channels(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_attention_heads
 
 
 PRESETS = {

@@ -55,13 +55,21 @@ class MegatronReplica:
     reduces_data_parallel = True
 
     def __init__(self, trainer_cfg, mode, seed: int, deterministic: bool = False):
-        """``mode`` (``ftexp.config.ModeConfig``): the replica's parallel layout and ``model_preset``."""
+        """``mode`` (``ftexp.config.ModeConfig``): the replica's parallel layout and its model
+        (``model_preset``, or ``hf_checkpoint``: then every rank loads its shard of the checkpoint's weights)."""
         from ftexp.engines.megatron import model as mg
+        from ftexp.engines.megatron.hf_import import model_preset
 
         self.cfg, self.mode, self.deterministic = trainer_cfg, mode, deterministic
+        self.preset = model_preset(mode)
         # The init seed is the model's (trainer.model.seed: the experiment's seed unless set); the
         # replica's seed drives the RNGs after.
-        module = mg.build_gpt(mode.model_preset, mode, seed=trainer_cfg.model.seed)
+        module = mg.build_gpt(self.preset, mode, seed=trainer_cfg.model.seed)
+        self.global_names = mg.global_names(module)
+        if mode.hf_checkpoint:  # before the optimizer is made around the parameters
+            from ftexp.engines.megatron.hf_import import load_shard, open_checkpoint
+
+            load_shard(module, self.global_names, open_checkpoint(mode.hf_checkpoint))
         if deterministic:  # after build_gpt: its CPU patches rebind the same module globals
             from ftexp.engines.megatron.deterministic import use_fixed_order_grad_reduce
 
@@ -71,7 +79,6 @@ class MegatronReplica:
             module, lr=trainer_cfg.lr, adam_eps=trainer_cfg.adam_eps, clip_grad=CLIP_GRAD,
             betas=tuple(trainer_cfg.betas), weight_decay=trainer_cfg.weight_decay)
         self.module = module
-        self.global_names = mg.global_names(module)
         ps = _mp()
         self.coords = {"pp": ps.get_pipeline_model_parallel_rank(), "tp": ps.get_tensor_model_parallel_rank(),
                        "cp": ps.get_context_parallel_rank(), "ep": ps.get_expert_model_parallel_rank()}
@@ -258,7 +265,7 @@ class MegatronReplica:
         gather their experts (an expert-parallel group may span DP ranks) and return None.
         """
         full = gather_full_tensors(self.module, self.global_names)
-        return None if full is None else to_hf(full, self.mode.model_preset)
+        return None if full is None else to_hf(full, self.preset)
 
     # ---- state for checkpoints and healing ---------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -25,6 +25,9 @@ class TorchEngine:
         return frozenset()  # TinyGPT: dense, no QK norm
 
     def validate(self, mode: ModeConfig, trainer: TrainerConfig) -> None:
+        if mode.hf_checkpoint:
+            raise InputError("mode.hf_checkpoint: the torch engine trains its own TinyGPT; a Qwen3 checkpoint "
+                             "needs trainer=megatron")
         if mode.rollout_num_engines:
             raise InputError(f"mode {mode.name} generates with live rollout engines, which run HF-layout models: "
                              f"the torch engine's TinyGPT has none (use trainer=megatron)")

@@ -79,6 +79,7 @@ class SideEngines:
         rollout = self.spec.trainer.rollout
         if self.spec.mode.hf_checkpoint:  # its config, weights and tokenizer: served as they are
             model_dir = Path(self.spec.mode.hf_checkpoint).resolve()
+            (self.spec.side_dir.root / "engines").mkdir(parents=True, exist_ok=True)  # for the logs
         else:
             model_dir = self.spec.side_dir.engine_model
             get_engine(self.spec.trainer.engine).write_hf_model_dir(self.spec.mode, model_dir)

@@ -165,6 +165,7 @@ def apply_cpu_patches() -> None:
         importlib.import_module(name).torch = cpu_torch
 
     from megatron.core.models.common.embeddings import rotary_pos_embedding
+    from megatron.core.models.common.language_module import language_module
     from megatron.core.optimizer import clip_grads, distrib_optimizer
     from megatron.core.tensor_parallel import random as tp_random
     from megatron.core.transformer import torch_norm
@@ -193,6 +194,11 @@ def apply_cpu_patches() -> None:
 
     # The CP slice of the rotary embedding builds its chunk index with `.cuda()`: index on CPU.
     rotary_pos_embedding.get_pos_emb_on_this_cp_rank = _pos_emb_on_this_cp_rank
+
+    # Tied embeddings: the first and last pipeline stages' copies are made equal by an all-reduce of
+    # `weight.data.cuda()` (a tensor method, out of the module view's reach): all-reduce it where it is.
+    language_module.LanguageModule.setup_embeddings_and_output_layer = _tensors_stay_on_cpu(
+        language_module.LanguageModule.setup_embeddings_and_output_layer)
 
     _applied = True
 
@@ -229,6 +235,19 @@ def _host_copy_for_cpu_tensors(move_to_cpu):
         return move_to_cpu(tensor, as_numpy=as_numpy, record_stream=record_stream)
 
     return move_or_convert
+
+
+def _tensors_stay_on_cpu(method):
+    """`method` with `Tensor.cuda` returning the tensor itself while it runs."""
+    def on_cpu(self, *args, **kwargs):
+        original = torch.Tensor.cuda
+        torch.Tensor.cuda = lambda tensor, *_, **__: tensor
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            torch.Tensor.cuda = original
+
+    return on_cpu
 
 
 def _pos_emb_on_this_cp_rank(pos_emb, seq_dim, cp_group):

@@ -108,7 +108,7 @@ def hf_config(preset_name: str) -> dict:
         "rope_scaling": None,
         "attention_bias": False,
         "attention_dropout": 0.0,
-        "tie_word_embeddings": False,
+        "tie_word_embeddings": preset.tie_embeddings,
         "use_sliding_window": False,
         "sliding_window": None,
         "max_window_layers": config.num_layers,
@@ -150,6 +150,8 @@ def to_hf(full_tensors: dict[str, torch.Tensor], preset: str | GPTPreset) -> dic
     model = _preset(preset)
     out: dict[str, torch.Tensor] = {}
     for name, tensor in full_tensors.items():
+        if model.tie_embeddings and name == "output_layer.weight":
+            continue  # the last pipeline stage's copy of the embedding: HF has the one tensor
         converted = _convert(name, tensor, model)
         if converted is None:
             raise ValueError(f"no HF name for Megatron tensor {name!r} (preset {preset})")

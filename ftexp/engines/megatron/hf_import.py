@@ -6,8 +6,8 @@ lists) and ``tokenizer.json``. Only these files are read; nothing is ever downlo
 
 * `HFCheckpoint.open` checks the directory and turns ``config.json`` into the engine's `GPTPreset`
   (layers, sizes, heads, query groups, head dim, experts and top-k, RoPE base, RMSNorm epsilon,
-  vocabulary, context), refusing in one line what the Megatron model the engine builds cannot
-  express: another architecture, biases, tied embeddings, scaled RoPE, sliding windows, dense layers
+  vocabulary, context, tied embeddings), refusing in one line what the Megatron model the engine
+  builds cannot express: another architecture, biases, scaled RoPE, sliding windows, dense layers
   between MoE layers. A missing file or weight is one line too, before anything launches.
 * `load_shard` is ``hf_export`` read backwards. Every rank of a replica builds its shard of the
   model, then reads from the checkpoint only the tensors its own parameters are made of (its
@@ -15,8 +15,9 @@ lists) and ``tokenizer.json``. Only these files are read; nothing is ever downlo
   ``q_proj`` / ``k_proj`` / ``v_proj`` interleave per query group into ``linear_qkv`` (the group's
   query heads, its key head, its value head), ``gate_proj`` / ``up_proj`` stack into ``linear_fc1``
   (dense and per expert), ``mlp.gate`` is the router, expert ``e`` of a layer becomes local expert
-  ``e mod experts-per-rank`` of EP rank ``e div experts-per-rank``. Weights stored in another dtype
-  (bf16) are cast to the model's fp32.
+  ``e mod experts-per-rank`` of EP rank ``e div experts-per-rank``; with tied embeddings the last
+  pipeline stage's output layer (a copy of the embedding when it is not the first stage) is
+  ``embed_tokens`` too. Weights stored in another dtype (bf16) are cast to the model's fp32.
 """
 
 from __future__ import annotations
@@ -119,7 +120,6 @@ def preset_from_config(config: dict, where: Path) -> GPTPreset:
     unsupported = {  # setting -> whether the Megatron model computes something else
         f"hidden_act={config.get('hidden_act')}": config.get("hidden_act", "silu") != "silu",
         "attention_bias=true": bool(config.get("attention_bias")),
-        "tie_word_embeddings=true": bool(config.get("tie_word_embeddings")),  # the engine's embeddings are untied
         "use_sliding_window=true": bool(config.get("use_sliding_window")),
         "layer_types other than full_attention": any(t != "full_attention" for t in config.get("layer_types") or []),
         f"rope_scaling={config.get('rope_scaling')}": config.get("rope_scaling") is not None,
@@ -147,6 +147,7 @@ def preset_from_config(config: dict, where: Path) -> GPTPreset:
         rotary_base=float(rope.get("rope_theta", 10000.0)),
         layernorm_epsilon=float(config.get("rms_norm_eps", 1e-6)),
         moe_router_pre_softmax=moe and not config.get("norm_topk_prob", False),
+        tie_embeddings=bool(config.get("tie_word_embeddings", False)),
     )
 
 
@@ -182,7 +183,8 @@ def checkpoint_weight_files(path: str | Path) -> dict[str, Path]:
 
 def expected_weight_names(preset: GPTPreset) -> list[str]:
     """Every HF tensor name of the model `preset` describes (what ``hf_export.to_hf`` produces)."""
-    names = list(_TOP_RENAMES.values())
+    tied = {"output_layer.weight"} if preset.tie_embeddings else set()  # lm_head is embed_tokens
+    names = [hf for megatron, hf in _TOP_RENAMES.items() if megatron not in tied]
     for layer in range(preset.num_layers):
         prefix = f"model.layers.{layer}."
         not_in_this_model = "mlp.linear_fc2.weight" if preset.num_experts else "mlp.router.weight"
@@ -213,8 +215,10 @@ def read_tensors(weight_files: dict[str, Path], names: list[str] | None = None) 
 
 # ---- HF tensors -> Megatron tensors ---------------------------------------------------------
 
-def hf_names_of(name: str) -> list[str]:
+def hf_names_of(name: str, preset: GPTPreset) -> list[str]:
     """The HF tensors Megatron tensor `name` (a global name) is made of, in the order it stacks them."""
+    if preset.tie_embeddings and name == "output_layer.weight":
+        return [_TOP_RENAMES["embedding.word_embeddings.weight"]]
     if name in _TOP_RENAMES:
         return [_TOP_RENAMES[name]]
     match = _LAYER.match(name)
@@ -271,7 +275,7 @@ def load_shard(module, global_names: dict[str, str], checkpoint: HFCheckpoint) -
     dense = (ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size())
     expert = (ps.get_expert_tensor_parallel_rank(), ps.get_expert_tensor_parallel_world_size())
     params = list(module.named_parameters())
-    sources = {name: hf_names_of(global_names[name]) for name, _ in params}
+    sources = {name: hf_names_of(global_names[name], checkpoint.preset) for name, _ in params}
     hf = read_tensors(checkpoint.weight_files, sorted({n for names in sources.values() for n in names}))
     shards = {}
     for name, param in params:

@@ -110,7 +110,7 @@ def build_gpt(preset: str | GPTPreset, mode: ModeConfig, seed: int = 1234) -> GP
         max_sequence_length=preset.seq_length,
         pre_process=parallel_state.is_pipeline_first_stage(),
         post_process=parallel_state.is_pipeline_last_stage(),
-        share_embeddings_and_output_weights=False,
+        share_embeddings_and_output_weights=preset.tie_embeddings,
         position_embedding_type="rope",
         rotary_base=preset.rotary_base,
     )

@@ -1,7 +1,7 @@
 """Model presets of the megatron engine: CPU-scale stand-ins for the seed's models (no megatron import).
 
 A `GPTPreset` is everything the engine needs to build a GPT of the Qwen3 architecture (RMSNorm,
-QK-norm, SwiGLU, GQA, RoPE, untied embeddings; every layer MoE when it has experts). `PRESETS`
+QK-norm, SwiGLU, GQA, RoPE, untied or tied embeddings; every layer MoE when it has experts). `PRESETS`
 are the named CPU models; ``hf_import.HFCheckpoint`` derives one from a checkpoint's ``config.json``.
 """
 
@@ -27,6 +27,8 @@ class GPTPreset:
     layernorm_epsilon: float = 1e-5      # TransformerConfig's default
     # Experts weighted by the softmax over all of them (HF norm_topk_prob=false), not renormalised over the top k.
     moe_router_pre_softmax: bool = False
+    # The output layer is the input embedding (HF tie_word_embeddings; Qwen3-0.6B to 4B).
+    tie_embeddings: bool = False
 
     @property
     def kv_channels(self) -> int:

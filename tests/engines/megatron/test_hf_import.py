@@ -1,12 +1,13 @@
 """HF checkpoint -> Megatron: the imported replica is the checkpoint's model, on every layout.
 
-Tiny random Qwen3 and Qwen3-MoE checkpoints (``hf_checkpoints``: head dim != hidden / heads, RoPE base
-1e6, epsilon 1e-6, scrambled norms) are loaded by `MegatronReplica` through ``mode.hf_checkpoint`` on one
-rank, on TP2 (dense) and TP2 + EP2 + SP (MoE): Megatron's logits for fixed tokens must be transformers'
-own (``from_pretrained``) within 1e-5, and exporting the replica (``export_hf``: gathered over
-TP / EP / PP) must give back the checkpoint's tensors bit for bit — on a TP2 + PP2 + EP2 + SP replica
-too. Planted import bugs (k and v swapped, gate and up swapped, q / k / v not interleaved per query
-group) must change the logits.
+Tiny random Qwen3 (untied and tied embeddings) and Qwen3-MoE checkpoints (``hf_checkpoints``: head dim !=
+hidden / heads, RoPE base 1e6, epsilon 1e-6, scrambled norms) are loaded by `MegatronReplica` through
+``mode.hf_checkpoint`` on one rank, on TP2 (dense) and TP2 + EP2 + SP (MoE): Megatron's logits for
+fixed tokens must be transformers' own (``from_pretrained``) within 1e-5, and exporting the replica
+(``export_hf``: gathered over TP / EP / PP) must give back the checkpoint's tensors bit for bit — on
+PP2 (tied: the last stage's output layer is a copy) and a TP2 + PP2 + EP2 + SP replica too. Planted
+import bugs (k and v swapped, gate and up swapped, q / k / v not interleaved per query group) must
+change the logits.
 """
 
 import pytest
@@ -82,6 +83,7 @@ def _worker(rank, world, port, runs, out_path):
 def checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("hf_import")
     return {"dense": write_checkpoint(root / "dense"), "moe": write_checkpoint(root / "moe", moe=True),
+            "tied": write_checkpoint(root / "tied", seed=3, tie_word_embeddings=True),
             "moe_unnormalised": write_checkpoint(root / "moe_unnormalised", moe=True, seed=5, norm_topk_prob=False)}
 
 
@@ -119,12 +121,13 @@ def one_rank(checkpoints, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def two_ranks(checkpoints, tmp_path_factory):
-    runs = [("dense", checkpoints["dense"], TP2, True, None), ("moe", checkpoints["moe"], TP2_EP2_SP, True, None)]
+    runs = [("dense", checkpoints["dense"], TP2, True, None), ("moe", checkpoints["moe"], TP2_EP2_SP, True, None),
+            ("tied", checkpoints["tied"], TP2, True, None), ("tied_pp2", checkpoints["tied"], dict(pp=2), False, None)]
     return _spawn(2, runs, tmp_path_factory.mktemp("two_ranks"))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["dense", "moe", "moe_unnormalised"])
+@pytest.mark.parametrize("name", ["dense", "tied", "moe", "moe_unnormalised"])
 def test_one_rank_import_gives_the_checkpoints_logits_and_exports_it_back(one_rank, checkpoints, name):
     run = one_rank["runs"][name]
     diff = (run["logits"] - _hf_logits(checkpoints[name], one_rank["tokens"])).abs().max().item()
@@ -135,14 +138,21 @@ def test_one_rank_import_gives_the_checkpoints_logits_and_exports_it_back(one_ra
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["dense", "moe"])
+@pytest.mark.parametrize("name", ["dense", "tied", "moe"])
 def test_tensor_and_expert_parallel_import_gives_the_checkpoints_logits(two_ranks, checkpoints, name):
     run = two_ranks["runs"][name]
     diff = (run["logits"] - _hf_logits(checkpoints[name], two_ranks["tokens"])).abs().max().item()
-    print(f"{name}, {'TP2' if name == 'dense' else 'TP2 EP2 SP'}: max |Megatron - HF| logit = {diff:.2e}")
+    print(f"{name}, {'TP2 EP2 SP' if name == 'moe' else 'TP2'}: max |Megatron - HF| logit = {diff:.2e}")
     assert diff <= LOGIT_ATOL
     want, got = _checkpoint_tensors(checkpoints[name]), run["exported"]
     assert got.keys() == want.keys() and [n for n in want if not torch.equal(got[n], want[n])] == []
+
+
+@pytest.mark.slow
+def test_pipeline_parallel_import_of_tied_embeddings_round_trips_bit_for_bit(two_ranks, checkpoints):
+    want, got = _checkpoint_tensors(checkpoints["tied"]), two_ranks["runs"]["tied_pp2"]["exported"]
+    assert got.keys() == want.keys() and "lm_head.weight" not in got
+    assert [n for n in want if not torch.equal(got[n], want[n])] == []
 
 
 @pytest.mark.slow
@@ -151,6 +161,48 @@ def test_pipeline_tensor_and_expert_parallel_import_round_trips_bit_for_bit(chec
     want, got = _checkpoint_tensors(checkpoints["moe"]), out["runs"]["moe"]["exported"]
     assert got.keys() == want.keys()
     assert [n for n in want if not torch.equal(got[n], want[n])] == []
+
+
+def _train_worker(rank, world, port, path, layout, out_dir):
+    """One supervised step of the imported replica; every rank saves its parameters by global name."""
+    import os
+
+    import torch.distributed as dist
+
+    from ftexp.tasks.base import ASCII, Problem
+    from ftexp.tasks.warmup import supervised_batch
+
+    _quiet_expected_warnings()
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    replica = _replica(path, **layout)
+    batch = supervised_batch([Problem("12+7=", "19", "19"), Problem("3-5=", "-2", "-2")], ASCII)
+    loss = replica.supervised_step(batch, lr=1e-2)
+    torch.save(dict(loss=loss, params={replica.global_names[n]: p.detach().clone()
+                                       for n, p in replica.module.named_parameters()}), f"{out_dir}/rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_tied_embeddings_stay_tied_through_a_pipeline_parallel_training_step(checkpoints, tmp_path):
+    """On PP2 the last stage's output layer is a copy of the embedding: the step must keep it one (and match PP1)."""
+    runs = {}
+    for name, layout, world in (("pp1", {}, 1), ("pp2", dict(pp=2), 2)):
+        (tmp_path / name).mkdir()
+        mp.spawn(_train_worker, args=(world, _free_port(), str(checkpoints["tied"]), layout, str(tmp_path / name)),
+                 nprocs=world)
+        runs[name] = [torch.load(tmp_path / name / f"rank{r}.pt") for r in range(world)]
+    embedding = "embedding.word_embeddings.weight"
+    first, last = runs["pp2"][0]["params"], runs["pp2"][1]["params"]
+    assert torch.equal(last["output_layer.weight"], first[embedding])
+    before = _checkpoint_tensors(checkpoints["tied"])["model.embed_tokens.weight"]
+    step = (runs["pp1"][0]["params"][embedding] - before).abs().max().item()
+    diff = (first[embedding] - runs["pp1"][0]["params"][embedding]).abs().max().item()
+    print(f"tied, one step: embedding moved by up to {step:.2e}; PP2 vs PP1 differ by {diff:.2e}")
+    assert step > 1e-3  # the step moved the embedding, through both of its uses
+    assert diff <= 1e-6
+    assert abs(runs["pp2"][0]["loss"] - runs["pp1"][0]["loss"]) <= 1e-5
 
 
 @pytest.mark.slow

@@ -65,8 +65,8 @@ def _damage(directory: Path, how: str) -> None:
         (directory / "config.json").write_text("{model_type: qwen3")
     elif how == "llama":
         _edit_config(directory, model_type="llama")
-    elif how == "tied embeddings, biases":
-        _edit_config(directory, tie_word_embeddings=True, attention_bias=True)
+    elif how == "biases, GELU":
+        _edit_config(directory, hidden_act="gelu", attention_bias=True)
     elif how == "scaled RoPE":
         _edit_config(directory, rope_parameters={"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0})
     elif how == "no eos":
@@ -90,7 +90,7 @@ DAMAGE = {  # how the checkpoint is damaged -> what the one line says (after "mo
     "no config.json": "config.json does not exist",
     "not JSON": "config.json is not readable JSON",
     "llama": "model_type 'llama' is not one the megatron engine builds (qwen3 or qwen3_moe)",
-    "tied embeddings, biases": "cannot express attention_bias=true, tie_word_embeddings=true",
+    "biases, GELU": "cannot express hidden_act=gelu, attention_bias=true",
     "scaled RoPE": "cannot express rope_type=yarn",
     "no eos": "has no eos_token_id",
     "no weights": "has no weights (model.safetensors or model.safetensors.index.json",

@@ -7,6 +7,8 @@ exit 2, nothing launched.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from ftexp.config import ExperimentConfig, Stage, TaskName
 from ftexp.engines.megatron import model_preset
 from ftexp.engines.registry import MODEL_FEATURES, get_engine
@@ -20,7 +22,10 @@ from ftexp.verify.dumps import compile_pattern, parse_rules
 
 
 def resolve_defaults(cfg: ExperimentConfig) -> None:
-    """The engine follows the mode (its first engine); the witness follows the engine and the audit switch."""
+    """The engine follows the mode (its first engine); the witness follows the engine and the audit switch;
+    a relative ``mode.hf_checkpoint`` is the user's working directory's, for every process of the run."""
+    if cfg.mode.hf_checkpoint:
+        cfg.mode.hf_checkpoint = str(Path(cfg.mode.hf_checkpoint).resolve())
     if cfg.trainer.engine is None:
         cfg.trainer.engine = cfg.mode.engines[0]
     if cfg.trainer.enable_witness is None:

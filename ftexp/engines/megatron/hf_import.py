@@ -42,10 +42,9 @@ SETTING = "mode.hf_checkpoint"  # where the path comes from, for every error lin
 
 @dataclass(frozen=True)
 class HFCheckpoint:
-    """A checked checkpoint directory: its config, where each weight is stored, its tokenizer file."""
+    """A checked checkpoint directory: its model, where each weight is stored, its tokenizer file."""
 
     path: Path
-    config: dict
     weight_files: dict[str, Path]  # HF tensor name -> the safetensors file holding it
     preset: GPTPreset
     eos_token_id: int              # the end of an answer (the first one where config.json lists several)
@@ -82,7 +81,7 @@ class HFCheckpoint:
         if missing:
             raise InputError(f"{SETTING}: {path}: {len(missing)} weight(s) of the {config['model_type']} model missing "
                              f"from the safetensors files, e.g. {missing[0]}")
-        return cls(path=path, config=config, weight_files=weight_files, preset=preset, eos_token_id=eos)
+        return cls(path=path, weight_files=weight_files, preset=preset, eos_token_id=eos)
 
 
 def model_preset(mode: ModeConfig) -> GPTPreset:

@@ -152,6 +152,7 @@ class SoakConfig:
     time_unit_s: float = 60.0
     modes: list[str] = field(default_factory=lambda: ["sigkill", "exit", "segfault"])
     first_mode: Optional[str] = None      # force the first injection's mode (e.g. deadlock)
+    first_after_s: Optional[float] = None  # force the first injection's time (s after the control server is up)
     poll_interval_s: float = 2.0
     min_injections: int = 2
     min_heals: int = 2

@@ -80,7 +80,7 @@ class RandomInjector:
     def __init__(self, base_url: str, seed: int, crash_probability: float, time_unit_s: float = 60.0,
                  poll_interval: float = 2.0, modes: Sequence[FailureMode] = DEFAULT_MODES,
                  clock: Clock | None = None, http_client: httpx.Client | None = None,
-                 first_mode: FailureMode | None = None) -> None:
+                 first_mode: FailureMode | None = None, first_after_s: float | None = None) -> None:
         if not 0.0 <= crash_probability <= 1.0:
             raise InputError(f"crash_probability must be in [0, 1], got {crash_probability}")
         if not modes:
@@ -90,6 +90,10 @@ class RandomInjector:
         self._poll_interval, self._modes = poll_interval, [FailureMode(m) for m in modes]
         # A soak can force its first injection's mode (e.g. a deadlock) so that every seed covers it.
         self._first_mode = FailureMode(first_mode) if first_mode is not None else None
+        # ... and its first injection's time, so that the first fault lands before the run gets far.
+        if first_after_s is not None and first_after_s < 0:
+            raise InputError(f"first_after_s must be >= 0, got {first_after_s}")
+        self._first_after_s = first_after_s
         self._rng = random.Random(seed)
         self._clock = clock or RealClock()
         self._owns_http = http_client is None
@@ -114,7 +118,10 @@ class RandomInjector:
                 self._http.close()
 
     def _loop(self) -> None:
-        next_time = self._draw_next_time()
+        if self._first_after_s is not None:
+            next_time = self._clock.now() + self._first_after_s
+        else:
+            next_time = self._draw_next_time()
         while not self._clock.wait(self._stop, self._poll_interval):
             try:
                 response = self._http.get(self._cells_url)

@@ -36,7 +36,8 @@ class SoakInjection:
         base_url = json.loads(control.read_text())["base_url"]
         self.injector = RandomInjector(base_url, seed=self.seed, crash_probability=self.cfg.crash_probability,
                                        time_unit_s=self.cfg.time_unit_s, poll_interval=self.cfg.poll_interval_s,
-                                       modes=list(self.cfg.modes), first_mode=self.cfg.first_mode)
+                                       modes=list(self.cfg.modes), first_mode=self.cfg.first_mode,
+                                       first_after_s=self.cfg.first_after_s)
         self.injector.start()
         log.info("soak: injecting faults into %s (mean interval %.1f s)", base_url, self.injector.mean_interval_s)
 

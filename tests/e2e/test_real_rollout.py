@@ -32,6 +32,8 @@ pytestmark = pytest.mark.e2e
 SMALL = ("trainer.rollout.rollout_batch_size=8", "trainer.rollout.n_samples_per_prompt=4")
 # with_failure up to the heal's rollout: 0 | 1, 2 (crash, shrink), 3 (heal, injected)
 SHORT = ("scenario.num_rollout=4",)
+# Two engines where four add nothing but start-up (half of it): the no_failure run keeps the modes' four.
+TWO_ENGINES = ("mode.rollout_num_engines=2",)
 
 
 @pytest.fixture(scope="module")
@@ -122,8 +124,7 @@ def _target_again(run_dir: Path, tmp_path: Path, mode: str, scenario: str, contr
     """Re-train phase_b's target of a copy of ``run_dir`` with a planted bug; its verdict."""
     copy = tmp_path / control
     shutil.copytree(run_dir, copy)
-    # Two engines are enough to show one left behind; they start in half the time of four.
-    result = run_ftexp(f"mode={mode}", f"scenario={scenario}", *SMALL, *SHORT, "mode.rollout_num_engines=2",
+    result = run_ftexp(f"mode={mode}", f"scenario={scenario}", *SMALL, *SHORT, *TWO_ENGINES,
                        "stage=target", "phase=phase_b", f"run_dir={copy}", f"trainer.negative_control={control}",
                        cwd=tmp_path, timeout=900)
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
@@ -132,7 +133,7 @@ def _target_again(run_dir: Path, tmp_path: Path, mode: str, scenario: str, contr
 
 def test_with_failure_trains_on_the_baseline_rollouts_after_the_heal(runs, tmp_path):
     mode = "dp2_cp2_real_rollout_dense"
-    run_dir, result = run_named(runs, "wf", f"mode={mode}", "scenario=with_failure", *SMALL, *SHORT)
+    run_dir, result = run_named(runs, "wf", f"mode={mode}", "scenario=with_failure", *SMALL, *SHORT, *TWO_ENGINES)
     checks = assert_passed(run_dir, result)
     assert [r["healed_cell_indices"] for r in checks["phase_b/target_reconfigures"]["details"]["actual"]] == [[], [1]]
     # At the heal (rollout 3) the target generated live, matched the baseline's rollout and trained on it.
@@ -154,7 +155,7 @@ def test_with_failure_trains_on_the_baseline_rollouts_after_the_heal(runs, tmp_p
 
 
 def test_deterministic_pushes_bitwise_equal_weights_to_the_engines(runs):
-    run_dir, result = run_named(runs, "det", "mode=dp2_cp2_real_rollout", "scenario=deterministic", *SMALL)
+    run_dir, result = run_named(runs, "det", "mode=dp2_cp2_real_rollout", "scenario=deterministic", *SMALL, *TWO_ENGINES)
     checks = assert_passed(run_dir, result)
     # phase_b's events include phase_a's, restored from its checkpoint.
     for phase, rollouts in (("phase_a", [0, 1, 2]), ("phase_b", [0, 1, 2, 3, 4, 5, 6])):

@@ -240,3 +240,20 @@ def test_first_mode_forces_only_the_first_injection(make_injector, clock):
     injector = make_injector(*cells, modes=[FailureMode.SIGKILL], first_mode=FailureMode.DEADLOCK)
     polls(clock, 3)
     assert [i.mode for i in injector.injections] == [FailureMode.DEADLOCK, FailureMode.SIGKILL]
+
+
+def test_first_after_s_forces_the_first_injections_time(make_injector, clock):
+    # Mean interval 100 s: the first poll injects only where the first time is forced.
+    forced = [ScriptedCell("actor", i) for i in range(3)]
+    drawn = [ScriptedCell("drawn", i) for i in range(3)]
+    forced_injector = make_injector(*forced, crash_probability=0.01, first_after_s=0.0)
+    drawn_injector = make_injector(*drawn, crash_probability=0.01)
+    clock.wait_for_sleepers(2)
+    clock.advance(POLL)
+    clock.wait_for_sleepers(2)
+    assert len(forced_injector.injections) == 1 and drawn_injector.injections == []
+
+
+def test_a_negative_first_after_s_is_refused():
+    with pytest.raises(InputError, match="first_after_s"):
+        RandomInjector("http://127.0.0.1:1", seed=0, crash_probability=0.5, first_after_s=-1.0)

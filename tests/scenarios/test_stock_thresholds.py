@@ -50,7 +50,7 @@ def names_of(model: str) -> list[str]:
 
 def features_of(model: str) -> frozenset[str]:
     engine, preset = MODELS[model]
-    return get_engine(engine).model_features(SimpleNamespace(model_preset=preset))
+    return get_engine(engine).model_features(SimpleNamespace(model_preset=preset, hf_checkpoint=None))
 
 
 def stock_rules(name: str, key: str = "dumps") -> list[tuple]:

@@ -126,41 +126,44 @@ def two_ranks(checkpoints, tmp_path_factory):
     return _spawn(2, runs, tmp_path_factory.mktemp("two_ranks"))
 
 
+def _differing(got: dict, want: dict) -> list[str]:
+    """The names whose tensors are not bitwise equal (both sides must hold the same names)."""
+    assert got.keys() == want.keys()
+    return [n for n in want if not torch.equal(got[n], want[n])]
+
+
+def _assert_same_logits_and_round_trip(world: dict, checkpoints, name: str, layout: str) -> None:
+    """The imported model gives the checkpoint's logits and exports the checkpoint back bit for bit."""
+    run = world["runs"][name]
+    diff = (run["logits"] - _hf_logits(checkpoints[name], world["tokens"])).abs().max().item()
+    print(f"{name}, {layout}: max |Megatron - HF| logit = {diff:.2e}")
+    assert diff <= LOGIT_ATOL
+    assert _differing(run["exported"], _checkpoint_tensors(checkpoints[name])) == []
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["dense", "tied", "moe", "moe_unnormalised"])
 def test_one_rank_import_gives_the_checkpoints_logits_and_exports_it_back(one_rank, checkpoints, name):
-    run = one_rank["runs"][name]
-    diff = (run["logits"] - _hf_logits(checkpoints[name], one_rank["tokens"])).abs().max().item()
-    print(f"{name}, one rank: max |Megatron - HF| logit = {diff:.2e}")
-    assert diff <= LOGIT_ATOL
-    want, got = _checkpoint_tensors(checkpoints[name]), run["exported"]
-    assert got.keys() == want.keys() and [n for n in want if not torch.equal(got[n], want[n])] == []
+    _assert_same_logits_and_round_trip(one_rank, checkpoints, name, "one rank")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["dense", "tied", "moe"])
 def test_tensor_and_expert_parallel_import_gives_the_checkpoints_logits(two_ranks, checkpoints, name):
-    run = two_ranks["runs"][name]
-    diff = (run["logits"] - _hf_logits(checkpoints[name], two_ranks["tokens"])).abs().max().item()
-    print(f"{name}, {'TP2 EP2 SP' if name == 'moe' else 'TP2'}: max |Megatron - HF| logit = {diff:.2e}")
-    assert diff <= LOGIT_ATOL
-    want, got = _checkpoint_tensors(checkpoints[name]), run["exported"]
-    assert got.keys() == want.keys() and [n for n in want if not torch.equal(got[n], want[n])] == []
+    _assert_same_logits_and_round_trip(two_ranks, checkpoints, name, "TP2 EP2 SP" if name == "moe" else "TP2")
 
 
 @pytest.mark.slow
 def test_pipeline_parallel_import_of_tied_embeddings_round_trips_bit_for_bit(two_ranks, checkpoints):
-    want, got = _checkpoint_tensors(checkpoints["tied"]), two_ranks["runs"]["tied_pp2"]["exported"]
-    assert got.keys() == want.keys() and "lm_head.weight" not in got
-    assert [n for n in want if not torch.equal(got[n], want[n])] == []
+    got = two_ranks["runs"]["tied_pp2"]["exported"]
+    assert "lm_head.weight" not in got
+    assert _differing(got, _checkpoint_tensors(checkpoints["tied"])) == []
 
 
 @pytest.mark.slow
 def test_pipeline_tensor_and_expert_parallel_import_round_trips_bit_for_bit(checkpoints, tmp_path):
     out = _spawn(4, [("moe", checkpoints["moe"], TP2_PP2_EP2_SP, False, None)], tmp_path)
-    want, got = _checkpoint_tensors(checkpoints["moe"]), out["runs"]["moe"]["exported"]
-    assert got.keys() == want.keys()
-    assert [n for n in want if not torch.equal(got[n], want[n])] == []
+    assert _differing(out["runs"]["moe"]["exported"], _checkpoint_tensors(checkpoints["moe"])) == []
 
 
 def _train_worker(rank, world, port, path, layout, out_dir):

@@ -11,6 +11,15 @@ features used here (local layer specs, fp32, no fusions), so a thin layer of pat
   tensor factories map `device="cuda"` to the CPU. Only code in those modules sees it; torch
   itself and every other caller are untouched.
 - A handful of functions get a narrow fix each, listed in `apply_cpu_patches`.
+- Expert tensor parallelism (etp > 1) moves tokens between the expert-TP ranks with unevenly sized
+  collectives: after the expert-parallel all-to-all each rank holds however many tokens the router
+  sent it, and the alltoall dispatcher all-gathers them over the expert-TP group with per-rank
+  `output_split_sizes` (and, in backward and in the combine, reduce-scatters with the same
+  `input_split_sizes`). NCCL takes lists of tensors of different sizes; gloo refuses them. On gloo
+  each rank's piece is padded with zeros to the largest piece, the padded tensor goes through the
+  evenly sized collective Megatron uses anyway, and the padding is cut off again
+  (`_gather_unevenly`, `_reduce_scatter_unevenly`). The zeros add nothing to a sum and are never
+  read, so the result is the uneven collective's.
 
 Everything is keyed to the pinned release; another version raises instead of half-working.
 """
@@ -167,6 +176,7 @@ def apply_cpu_patches() -> None:
     from megatron.core.models.common.embeddings import rotary_pos_embedding
     from megatron.core.models.common.language_module import language_module
     from megatron.core.optimizer import clip_grads, distrib_optimizer
+    from megatron.core.tensor_parallel import mappings
     from megatron.core.tensor_parallel import random as tp_random
     from megatron.core.transformer import torch_norm
     from megatron.core.transformer.moe import moe_utils, token_dispatcher
@@ -191,6 +201,10 @@ def apply_cpu_patches() -> None:
     # The alltoall dispatcher moves split sizes to host memory only when they are on CUDA; on
     # CPU they stay tensors, which all_to_all_single rejects. Convert CPU tensors the same way.
     token_dispatcher.maybe_move_tensor_to_cpu = _host_copy_for_cpu_tensors(moe_utils.maybe_move_tensor_to_cpu)
+
+    # Expert-TP's unevenly sized all-gather / reduce-scatter: padded to even sizes for gloo.
+    mappings._gather_along_first_dim = _gather_unevenly(mappings._gather_along_first_dim)
+    mappings._reduce_scatter_along_first_dim = _reduce_scatter_unevenly(mappings._reduce_scatter_along_first_dim)
 
     # The CP slice of the rotary embedding builds its chunk index with `.cuda()`: index on CPU.
     rotary_pos_embedding.get_pos_emb_on_this_cp_rank = _pos_emb_on_this_cp_rank
@@ -248,6 +262,39 @@ def _tensors_stay_on_cpu(method):
             torch.Tensor.cuda = original
 
     return on_cpu
+
+
+def _padded_to(tensor: torch.Tensor, rows: int) -> torch.Tensor:
+    """`tensor` with zero rows appended along the first dimension up to `rows`."""
+    padding = tensor.new_zeros((rows - tensor.shape[0], *tensor.shape[1:]))
+    return torch.cat([tensor, padding])
+
+
+def _gather_unevenly(gather_evenly):
+    """mappings._gather_along_first_dim whose `output_split_sizes` (rank r sends that many rows) work on gloo."""
+
+    def gather(input_, group, output_split_sizes=None, use_global_buffer=False):
+        if output_split_sizes is None or group.size() == 1:
+            return gather_evenly(input_, group, None, use_global_buffer)
+        rows = max(output_split_sizes)
+        gathered = gather_evenly(_padded_to(input_.contiguous(), rows), group, None, False)
+        pieces = gathered.split(rows)
+        return torch.cat([piece[:size] for piece, size in zip(pieces, output_split_sizes)])
+
+    return gather
+
+
+def _reduce_scatter_unevenly(reduce_scatter_evenly):
+    """mappings._reduce_scatter_along_first_dim whose `input_split_sizes` (rank r keeps that many rows) work on gloo."""
+
+    def reduce_scatter(input_, group, input_split_sizes=None, use_global_buffer=False):
+        if input_split_sizes is None or group.size() == 1:
+            return reduce_scatter_evenly(input_, group, None, use_global_buffer)
+        rows = max(input_split_sizes)
+        padded = torch.cat([_padded_to(piece, rows) for piece in input_.split(input_split_sizes)])
+        return reduce_scatter_evenly(padded, group, None, False)[: input_split_sizes[group.rank()]]
+
+    return reduce_scatter
 
 
 def _pos_emb_on_this_cp_rank(pos_emb, seq_dim, cp_group):

@@ -82,7 +82,7 @@ def build_gpt(preset: str | GPTPreset, mode: ModeConfig, seed: int = 1234) -> GP
     """
     if isinstance(preset, str):
         preset = PRESETS[preset]
-    if not torch.cuda.is_available():  # expert-TP > 1 is refused at launch on CPU (ftexp.launch.capacity)
+    if not torch.cuda.is_available():
         apply_cpu_patches()
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()

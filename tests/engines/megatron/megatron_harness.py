@@ -5,7 +5,8 @@ pipeline split; the rest of the world is data parallel). Each spawned rank build
 optionally loads an unsplit model's weights, trains a few optimizer steps on its data-parallel
 share of a fixed global batch (`megatron_training`), and saves its losses, reduced grads (before
 each step) and weights (after each step) keyed by global parameter name, plus its step times and
-peak RSS. `run_layout` reassembles the TP shards into full tensors.
+peak RSS. `run_layout` reassembles the TP shards into full tensors. A `rank_setup` function (picklable:
+defined at a module's top level) runs on every rank before the model is built, e.g. to plant a bug.
 
 Also a command line for measurements:
     python tests/engines/megatron/megatron_harness.py tiny_dense '{"tp": 2}' --world 2 --steps 10
@@ -57,11 +58,13 @@ def _quiet_expected_warnings():
     warnings.filterwarnings("ignore", category=FutureWarning, message="`torch.distributed.")
 
 
-def _worker(rank, world, port, preset, mode, steps, out_dir, init_path, distributed_optimizer):
+def _worker(rank, world, port, preset, mode, steps, out_dir, init_path, distributed_optimizer, rank_setup):
     _quiet_expected_warnings()
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # keep gloo's data connections on loopback
     torch.set_num_threads(1)  # N ranks share few cores; more threads only oversubscribe them
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    if rank_setup is not None:
+        rank_setup()
     from megatron.core import parallel_state
 
     import megatron_training as mt
@@ -110,11 +113,11 @@ def _assemble(per_rank: list[dict]) -> dict[str, torch.Tensor]:
 
 def run_layout(
     preset: str, mode, world: int, steps: int, out_dir: Path, init_state: Path | None = None,
-    distributed_optimizer: bool = False,
+    distributed_optimizer: bool = False, rank_setup=None,
 ) -> LayoutRun:
     """Spawn `world` ranks for `mode`'s layout; with `init_state`, start from those full weights."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    args = (world, _free_port(), preset, mode, steps, str(out_dir), init_state, distributed_optimizer)
+    args = (world, _free_port(), preset, mode, steps, str(out_dir), init_state, distributed_optimizer, rank_setup)
     mp.spawn(_worker, args=args, nprocs=world)
     ranks = [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(world)]
     if init_state is None:

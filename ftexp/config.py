@@ -271,6 +271,9 @@ class WarmupConfig:
 
 @dataclass
 class TaskConfig:
+    # A directory kept across runs: each warmed-up state is stored there under a hash of everything it
+    # depends on, and a run with the same settings loads it instead of warming up. None: no cache.
+    cache_dir: Optional[str] = None
     """A task with verifiable rewards for live rollouts, and its eval accuracy ``eval/<name>``."""
 
     name: TaskName = TaskName.none

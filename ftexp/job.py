@@ -48,6 +48,7 @@ class JobSpec:
     launcher: LauncherConfig | None = None   # multi-node jobs: where a replacement node is submitted
     inject: RolloutInjection | None = None   # live rollouts replaced by recorded ones (target, after a fault)
     task: TaskConfig | None = None           # live rollouts: the task's prompts, reward, warm-up and eval (None: none)
+    warmup_cached: Path | None = None        # the task's warm-up, already computed: a cache entry every rank loads
 
     @property
     def live_rollout(self) -> bool:

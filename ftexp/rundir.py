@@ -10,6 +10,7 @@ A run is one directory (Hydra's run dir)::
         train.log  submitit/                             the training job's output and submitit's files
         rollout_data/<id>.pt                             live rollout engines: the rollouts this side trained on
         engines/model/                                   live rollout engines: HF config + tokenizer they start from
+        warmup/rank<r>.pt                                a task's warm-up: the first cell's state, which the others load
         metrics.jsonl  perf.jsonl  step_sections.jsonl   committed metrics; step wall times and their breakdown (benchmarks only)
         events/<process>.jsonl                           typed events, one file per process
         dumps/fwd_bwd/rollout_<id>/                      weights and reduced grads of every rollout (the
@@ -84,6 +85,11 @@ class SideDir:
     def engine_model(self) -> Path:
         """Live rollout engines: the HF config and tokenizer every engine (and the router) loads."""
         return self.root / "engines" / "model"
+
+    @property
+    def warmup(self) -> Path:
+        """A task's warm-up: each rank's warmed-up state, written by the first cell for the others."""
+        return self.root / "warmup"
 
     @property
     def dumps(self) -> Path:

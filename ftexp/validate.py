@@ -7,6 +7,7 @@ exit 2, nothing launched.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from ftexp.config import ExperimentConfig, Stage, TaskName
@@ -131,6 +132,18 @@ def validate_task(cfg: ExperimentConfig, scenario: Scenario) -> None:
                   for p in built.warmup_problems(0, 64, cfg.seed)), default=0)
     if max(prompt + task.max_response_tokens, warmup if task.warmup.steps else 0) > preset.seq_length:
         raise InputError(f"task={task.name.value}: prompts of up to {prompt} tokens + task.max_response_tokens="
+    cache = task.warmup.cache_dir
+    if cache is not None and task.warmup.steps:
+        _check_writable_dir(Path(cache), "task.warmup.cache_dir")
+
+
+def _check_writable_dir(path: Path, setting: str) -> None:
+    """``path`` is a directory this process can write, or one it can create."""
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():
+        raise InputError(f"{setting}={path}: {existing} is not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise InputError(f"{setting}={path}: {existing} is not writable")
                          f"{task.max_response_tokens} (warm-up examples up to {warmup}) exceed the {preset.seq_length}-token "
                          f"context of mode {cfg.mode.name}'s model ({cfg.mode.hf_checkpoint or cfg.mode.model_preset})")
 

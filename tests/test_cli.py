@@ -35,6 +35,8 @@ from ftexp_runner import run_ftexp
     (["phase=phase_z", "scenario=with_failure"], "unknown phase"),
     (["trainer.witness_buffer_size=100"], "witness_buffer_size=100 is smaller"),
     (["trainer.audit=false", "trainer.enable_witness=true"], "needs trainer.audit=true"),
+    (["scenario=realistic", "task.warmup.cache_dir=/etc/passwd/warmup"], "task.warmup.cache_dir=/etc/passwd/warmup: "
+     "/etc/passwd is not a directory"),
     (["trainer.checksum=md5"], "trainer.checksum"),
     (["scenario=with_failure", "scenario.phases.1.target_actions=[{at_rollout:1,action:boom}]"], "Invalid value 'boom'"),
     (["scenario=with_failure", "scenario.phases.1.target_actions=[{at_rollout:1,action:stop_cell_at_end,colour:red}]"],

@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 
 from ftexp.config import ExperimentConfig, PhaseConfig
+from ftexp.engines.registry import get_engine
 from ftexp.faults.plan import FaultPlan
 from ftexp.faults.soak import SoakInjection
 from ftexp.job import JobSpec, RolloutInjection
@@ -18,6 +19,7 @@ from ftexp.launch.jobs import run_side_job
 from ftexp.placement import placement_for
 from ftexp.rundir import BASELINE, TARGET, rollout_data_dir, side_dir
 from ftexp.scenarios import load_scenario
+from ftexp.tasks.warmup import cached_warmup, warmup_key
 
 
 def job_spec(cfg: ExperimentConfig, run_dir: Path, side: str, phase: PhaseConfig) -> JobSpec:
@@ -27,12 +29,13 @@ def job_spec(cfg: ExperimentConfig, run_dir: Path, side: str, phase: PhaseConfig
     placement = placement_for(cfg)
     own_dir = side_dir(run_dir, side, phase.name)
     live = cfg.mode.rollout_num_engines > 0
+    load_dir = side_dir(run_dir, side, phase.load_from).ckpt if phase.load_from is not None else None
     return JobSpec(
         side=side, phase=phase.name, side_dir=own_dir, data_dir=own_dir.rollout_data if live else rollout_data_dir(run_dir),
         trainer=cfg.trainer, mode=cfg.mode, num_rollout=cfg.scenario.num_rollout,
         plan=FaultPlan(phase.target_actions if target else [], cfg.mode.num_cells, placement),
         deterministic=cfg.scenario.deterministic, seed=cfg.seed,
-        load_dir=side_dir(run_dir, side, phase.load_from).ckpt if phase.load_from is not None else None,
+        load_dir=load_dir,
         save_interval=phase.save_interval, exit_after_rollouts=phase.exit_after_rollouts,
         control=cfg.scenario.control if target and cfg.scenario.control.enabled else None,
         soak=cfg.scenario.soak if target and soak else None,
@@ -40,7 +43,17 @@ def job_spec(cfg: ExperimentConfig, run_dir: Path, side: str, phase: PhaseConfig
         launcher=cfg.launcher if placement is not None else None,
         inject=_injection(cfg, run_dir, phase) if target else None,
         task=cfg.task if cfg.task.enabled else None,
+        warmup_cached=_cached_warmup(cfg) if load_dir is None else None,
     )
+
+
+def _cached_warmup(cfg: ExperimentConfig) -> Path | None:
+    """The cache entry of this run's warm-up, if an earlier run left a complete one."""
+    warmup = cfg.task.warmup
+    if not (cfg.task.enabled and warmup.steps and warmup.cache_dir):
+        return None
+    key = warmup_key(cfg.mode, cfg.trainer, cfg.task, cfg.seed, cfg.scenario.deterministic)
+    return cached_warmup(warmup.cache_dir, key, get_engine(cfg.trainer.engine).ranks_per_replica(cfg.mode))
 
 
 def _injection(cfg: ExperimentConfig, run_dir: Path, phase: PhaseConfig) -> RolloutInjection | None:

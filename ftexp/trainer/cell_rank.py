@@ -39,9 +39,7 @@ from ftexp.faults.plan import NegativeControl
 from ftexp.job import JobSpec
 from ftexp.rollout.recorded import load_rollout
 from ftexp.rundir import rollout_path
-from ftexp.tasks import build_task
-from ftexp.tasks.base import policy_tokenizer
-from ftexp.tasks.warmup import warm_up
+from ftexp.tasks.warmup import warm_start
 from ftexp.trainer import transfer
 from ftexp.trainer.cell import IndepDPInfo
 from ftexp.trainer.checkpoint import complete_checkpoint, load_rank_state, save_rank_state
@@ -105,12 +103,13 @@ class CellRank:
         if self.has_world:
             self._join_cell_world(incarnation)
         self.replica = engine.build_replica(spec.trainer, spec.mode, seed=spec.seed, deterministic=spec.deterministic)
-        # A task's supervised warm-up, on a cold start only: by a cell's first actors (incarnation 1; a healed
-        # cell's later ones, like a resumed run's, receive their state). Here, because the group meets the
-        # cells only once every one is built, so a long warm-up delays no rendezvous.
-        if spec.task is not None and spec.task.warmup.steps and incarnation <= 1 and spec.load_dir is None:
-            warm_up(self.replica, build_task(spec.task), spec.task.warmup, spec.seed, announce=rank_within_cell == 0,
-                    tokenizer=policy_tokenizer(spec.mode))
+        # A task's supervised warm-up, on a cold start only: computed by the first cell's first actors and
+        # loaded by the other cells' (incarnation 1; a healed cell's later ones, like a resumed run's or a
+        # spare's, receive their state). Here, because the group meets the cells only once every one is
+        # built, so a long warm-up delays no rendezvous.
+        if (spec.task is not None and spec.task.warmup.steps and cell_index is not None and incarnation <= 1
+                and spec.load_dir is None):
+            warm_start(self.replica, spec, cell_index, rank_within_cell)
         self.info: IndepDPInfo | None = None
         self.pg: ProcessGroupGloo | None = None
         # quorum id -> set once the driver saw a member of that quorum die. Kept per quorum, so a

@@ -5,6 +5,7 @@ lands as soon as training starts, so the first heal comes within the first rollo
 every ~10 s (each heal costs seconds; a fault every rollout would double the run). With
 correct recovery the eval accuracy climbs past the threshold; with the engines never updated after
 the first heal (the audit off, so only the accuracy can tell), it stays where the heal froze it.
+The two runs share a warm-up cache: the second loads the warmed-up state the first computed.
 """
 
 import pytest
@@ -18,14 +19,20 @@ REALISTIC_SMALL = ("scenario=realistic", "seed=1", "scenario.soak.crash_probabil
                    "scenario.metric_threshold=0.55", "scenario.num_steps=20")
 
 
-def _run(tmp_path, name, *overrides):
+@pytest.fixture(scope="module")
+def warmup_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("warmup_cache")
+
+
+def _run(tmp_path, warmup_cache, name, *overrides):
     run_dir = tmp_path / name
-    result = run_ftexp(*REALISTIC_SMALL, *overrides, f"hydra.run.dir={run_dir}", cwd=tmp_path, timeout=1500)
+    result = run_ftexp(*REALISTIC_SMALL, *overrides, f"task.warmup.cache_dir={warmup_cache}", f"hydra.run.dir={run_dir}",
+                       cwd=tmp_path, timeout=1500)
     return run_dir, result
 
 
-def test_realistic_learns_under_faults(tmp_path):
-    run_dir, result = _run(tmp_path, "realistic")
+def test_realistic_learns_under_faults(tmp_path, warmup_cache):
+    run_dir, result = _run(tmp_path, warmup_cache, "realistic")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     checks = report_checks(run_dir)
     assert all(c["passed"] for c in checks.values()), {n: c["summary"] for n, c in checks.items() if not c["passed"]}
@@ -36,10 +43,15 @@ def test_realistic_learns_under_faults(tmp_path):
     report = (run_dir / "report.md").read_text()
     assert f"start {accuracy['start']:.3f}" in report and f"best {accuracy['best']:.3f}" in report
     assert (run_dir / "curves.png").stat().st_size > 0
+    # One warm-up for the run: the first cell computed it, the other loaded it (and the cache kept it).
+    log = (run_dir / "target" / "train.log").read_text()
+    assert "cell0/rank0 ftexp.tasks.warmup: warm-up: 300 supervised steps" in log
+    assert "cell1/rank0 ftexp.tasks.warmup: warm-up: loaded the first cell's state" in log
 
 
-def test_engines_stale_after_the_first_heal_keep_accuracy_below_the_threshold(tmp_path):
-    run_dir, result = _run(tmp_path, "stale_engines", "trainer.negative_control=skip_engine_update_after_heal",
+def test_engines_stale_after_the_first_heal_keep_accuracy_below_the_threshold(tmp_path, warmup_cache):
+    cached = any(warmup_cache.iterdir())  # the first test's run filled it (unless this test runs alone)
+    run_dir, result = _run(tmp_path, warmup_cache, "stale_engines", "trainer.negative_control=skip_engine_update_after_heal",
                            "trainer.audit=false")
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
     checks = report_checks(run_dir)
@@ -49,3 +61,6 @@ def test_engines_stale_after_the_first_heal_keep_accuracy_below_the_threshold(tm
     assert checks["target_commits"]["passed"]
     assert not checks["target_engine_updates"]["passed"]
     assert "does not hold the trainer's weights" in checks["target_engine_updates"]["summary"]
+    if cached:
+        log = (run_dir / "target" / "train.log").read_text()
+        assert "warm-up: loaded from the cache" in log and "supervised steps" not in log

@@ -7,7 +7,9 @@ of a committed rollout on each side (rollout 0 is warm-up and skipped), their ra
 target step's breakdown as its ranks and driver measured it (medians over rollouts, max over
 cells): compute (forward/backward/optimizer), cross-cell reduce, weight checksums, witness
 bookkeeping, event writes, the driver's analyzer, and the rest of the driver's round trip (Ray
-calls, refresh). ``--heal`` adds one ``with_failure`` run per mode: crash → shrink → heal timings.
+calls, refresh). ``--heal`` adds ``with_failure`` runs per mode, without and with one warm spare
+(``trainer.spare_cells=1``): crash → detect → shrink, and the heal's start request → allocate →
+configure → transfer → first commit.
 ``--large`` trains a torch model big enough that a step takes about a second on a 2-core CPU,
 so fixed costs and per-byte costs show apart. Everything of one invocation runs on the same
 machine; results go to ``bench/results/<name>.json`` and ``.md`` (``latest.md`` too).
@@ -133,16 +135,18 @@ def step_row(mode: str, label: str, overrides: list[str]) -> dict:
         return row
 
 
-def heal_row(mode: str, overrides: list[str]) -> dict:
-    run_dir, _, tmp = run(mode, "with_failure", overrides)
+def heal_row(mode: str, spare_cells: int, overrides: list[str]) -> dict:
+    run_dir, _, tmp = run(mode, "with_failure", [*overrides, f"trainer.spare_cells={spare_cells}"])
     with tmp:
         report = json.loads((run_dir / "report.json").read_text())
         recoveries = [r for c in report["checks"] if c["name"].endswith("recovery") for r in c["details"]["recoveries"]]
         shrink = next(r for r in recoveries if r["kind"] == "shrink")
         heal = next(r for r in recoveries if r["kind"] == "heal")
-        return {"mode": mode, "detection_s": shrink.get("detection_s"), "shrink_first_commit_s": shrink["first_commit_s"],
+        return {"mode": mode, "spare_cells": spare_cells, "took_spare": heal.get("spare"),
+                "detection_s": shrink.get("detection_s"), "shrink_first_commit_s": shrink["first_commit_s"],
                 "allocate_s": heal.get("allocate_s"), "configure_s": heal.get("configure_s"),
                 "transfer_s": heal.get("transfer_s"), "heal_first_commit_s": heal["first_commit_s"],
+                "start_to_commit_s": heal.get("start_to_commit_s"), "fault_to_commit_s": heal.get("fault_to_commit_s"),
                 "heal_bytes": heal["bytes"], "heal_bytes_per_s": heal.get("heal_bytes_per_s")}
 
 
@@ -162,7 +166,10 @@ def markdown(steps: list[dict], heals: list[dict], when: str) -> str:
     lines += ["| " + " | ".join(fmt(r[c]) for c in cols) + " |" for r in steps]
     if heals:
         hcols = list(heals[0])
-        lines += ["", "Crash → shrink → heal (`scenario=with_failure`), seconds:", "",
+        lines += ["", "Crash → shrink → heal (`scenario=with_failure`), seconds. `detection_s`: the crash → the "
+                  "shrink; `allocate_s` … `heal_first_commit_s`: the heal's steps; `start_to_commit_s`: the cell's "
+                  "restart request → its first commit; `fault_to_commit_s`: the crash → the first commit with every "
+                  "cell back (this plan restarts the cell only after the shrunk rollout committed):", "",
                   "| " + " | ".join(hcols) + " |", "|" + "---|" * len(hcols)]
         lines += ["| " + " | ".join(fmt(r[c]) for c in hcols) + " |" for r in heals]
     return "\n".join(lines) + "\n"
@@ -186,8 +193,9 @@ def main() -> int:
             steps.append(step_row(mode, "large, audit on", rollouts + LARGE_MODEL))
             print(" ".join(f"{k}={fmt(v)}" for k, v in steps[-1].items()), flush=True)
         if args.heal:
-            heals.append(heal_row(mode, []))
-            print(" ".join(f"{k}={fmt(v)}" for k, v in heals[-1].items()), flush=True)
+            for spare_cells in (0, 1):
+                heals.append(heal_row(mode, spare_cells, []))
+                print(" ".join(f"{k}={fmt(v)}" for k, v in heals[-1].items()), flush=True)
     table = markdown(steps, heals, args.name)
     print(table)
     RESULTS.mkdir(exist_ok=True)

@@ -245,6 +245,10 @@ class TrainerConfig:
     # says those checks were not run.
     audit: bool = True
     checksum: ChecksumKind = ChecksumKind.xxh3_128
+    # Warm spares: this many cells' worth of ranks kept started, imported and built (model allocated)
+    # ahead of any failure, so a restarted cell heals by configure + transfer + load only; a used
+    # spare is replaced in the background. Each costs one replica's processes and memory.
+    spare_cells: int = 0
 
     @property
     def witness_on(self) -> bool:

@@ -71,6 +71,7 @@ class CellReconfigureEvent(_Event):
     # Heal timings (seconds) and bytes, for the report; empty for a pure shrink.
     timings: dict[str, float] = Field(default_factory=dict)
     bytes_transferred: int = 0
+    spare_cell_indices: list[int] = Field(default_factory=list)  # healed cells that took a warm spare's ranks
 
 
 class TrainGroupStepEndEvent(_Event):

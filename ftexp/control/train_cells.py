@@ -4,9 +4,8 @@
 health checker per cell (liveness = "every rank answered ``heartbeat`` in time"; a cell blocked
 in a cross-cell collective still answers, since heartbeats run in their own Ray concurrency
 group), serves the HTTP API on 127.0.0.1, and runs the mini FT controller that suspends and
-resumes unhealthy cells. Resuming only marks a cell Pending: the group's next refresh heals it.
-Since the controller restarts cells at any time, the group keeps a warm standby of every cell
-(``TrainGroup.keep_standby``), so the heal does not wait for new processes to start.
+resumes unhealthy cells. Resuming only marks a cell Pending: the group's next refresh heals it
+(from a warm spare's ranks where ``trainer.spare_cells`` keeps some, without waiting for a process start).
 
 The server and controller threads act on the group while the training loop runs, like the
 reference: a suspend mid-step shows up as failed calls in that step.
@@ -81,7 +80,6 @@ class ControlPlane:
         self._controller_thread: threading.Thread | None = None
 
     def start(self) -> int:
-        self.group.keep_standby()
         port = self.server.start()
         for checker in self.checkers:
             checker.start()

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ftexp.audit.analyzer import analyze
-from ftexp.audit.events import (CellPlacementEvent, CellReconfigureEvent, FaultInjectedEvent, NodeStateEvent, TrainEngineLocalWeightChecksumEvent, TrainGroupStepEndEvent,
+from ftexp.audit.events import (CellLifecycleEvent, CellPlacementEvent, CellReconfigureEvent, FaultInjectedEvent, NodeStateEvent, TrainEngineLocalWeightChecksumEvent, TrainGroupStepEndEvent,
                                 WitnessAllocateIdEvent, WitnessSnapshotParamEvent, read_events)
 from ftexp.verify.dumps import leaf_set
 from ftexp.verify.report import CheckResult
@@ -18,13 +18,18 @@ def recovery_timings(events_dir: Path, name: str) -> CheckResult:
     """Per fault and heal: detection, reconfiguration, state transfer, first commit (seconds), bytes.
 
     Detection = fault event → the shrink that excluded the cell; first commit = reconfigure event →
-    the next group commit. Fails only if a reconfigure has no following commit.
+    the next group commit. A heal's row also says whether its cells took warm spares (``spare``), and
+    times the whole way back: the healed cell's start request → that first commit (``start_to_commit_s``:
+    waiting for the refresh, allocate, configure, transfer, load, one step) and the last fault before
+    it → that commit (``fault_to_commit_s``). Fails only if a reconfigure has no following commit.
     """
     events = read_events(events_dir)
     faults = [e for e in events if isinstance(e, FaultInjectedEvent)]
     nodes = sorted((e for e in events if isinstance(e, NodeStateEvent) and e.state == "rejoined"),
                    key=lambda e: e.timestamp)
     commits = sorted((e for e in events if isinstance(e, TrainGroupStepEndEvent)), key=lambda e: e.timestamp)
+    starts = sorted((e for e in events if isinstance(e, CellLifecycleEvent) and e.transition == "start_requested"),
+                    key=lambda e: e.timestamp)
     rows = []
     for e in sorted((e for e in events if isinstance(e, CellReconfigureEvent)), key=lambda e: e.timestamp):
         commit = next((c for c in commits if c.timestamp >= e.timestamp), None)
@@ -39,6 +44,13 @@ def recovery_timings(events_dir: Path, name: str) -> CheckResult:
                 row["node_lost"] = fault.node_index
         elif e.timings.get("transfer_s"):
             row["heal_bytes_per_s"] = round(e.bytes_transferred / e.timings["transfer_s"])
+        if e.healed_cell_indices:
+            row["spare"] = set(e.spare_cell_indices) == set(e.healed_cell_indices)
+            start = next((s for s in reversed(starts) if s.timestamp <= e.timestamp and s.cell_index in e.healed_cell_indices), None)
+            fault = next((f for f in reversed(faults) if f.timestamp <= e.timestamp), None)
+            for key, since in (("start_to_commit_s", start), ("fault_to_commit_s", fault)):
+                if since is not None and commit is not None:
+                    row[key] = round((commit.timestamp - since.timestamp).total_seconds(), 3)
         if e.healed_cell_indices:  # a node that came back before this heal: how long it was away, how long to rejoin
             node = next((n for n in reversed(nodes) if n.timestamp <= e.timestamp), None)
             if node is not None and not any(r.get("node_back") == node.node_index for r in rows):
@@ -48,7 +60,7 @@ def recovery_timings(events_dir: Path, name: str) -> CheckResult:
     ok = all(r["first_commit_s"] is not None for r in rows)
     summary = "; ".join(
         f"{r['kind']}@{r['rollout_id']}: " + ", ".join(f"{k}={v}" for k, v in r.items()
-                                                        if k.endswith("_s") or k in ("bytes", "heal_bytes_per_s", "node_lost", "node_back"))
+                                                        if k.endswith("_s") or k in ("bytes", "heal_bytes_per_s", "spare", "node_lost", "node_back"))
         for r in rows)
     return CheckResult(name, ok, summary or "no reconfigure events", {"recoveries": rows})
 

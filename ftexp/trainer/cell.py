@@ -6,11 +6,10 @@
 
 Any failed call on a cell marks it Errored, kills its actors and waits until Ray confirms they
 are dead, so a failure always ends in Stopped. ``start`` moves a Stopped cell back to Pending and
-already creates the next incarnation's actors — Ray starts their processes in the background — so
-the heal at the group's next refresh does not wait for a process start; the cell stays Pending
-(not yet part of any quorum) until that refresh allocates it. A cell may also keep a warm
-*standby* — its next incarnation's actors, started while the current ones still run — which
-``start`` then takes instead of starting processes: a heal need not wait for a process start at all.
+already gets the next incarnation's actors — a warm spare's, built long before
+(``ftexp.trainer.spares``), or new ones whose processes Ray starts in the background — so the heal
+at the group's next refresh waits for as little start-up as possible; the cell stays Pending (not
+yet part of any quorum) until that refresh allocates it.
 
 Every actor runs a ``lifeline`` call that never returns: it fails the moment Ray learns the
 actor's process is gone, which lets the group notice a death between calls, not only at the next one.
@@ -62,15 +61,14 @@ class CellState(enum.Enum):
 @dataclass
 class Cell:
     index: int
-    # (cell index, incarnation) -> actor handles, one per rank in the cell. The incarnation
-    # counts the sets of actors created, so a restarted cell's ranks rendezvous apart from their predecessors.
+    # (cell index, incarnation) -> actor handles, one per rank in the cell (a warm spare's, or new ones).
+    # The incarnation counts the sets of actors taken, so a restarted cell's ranks rendezvous apart from their predecessors.
     make_actors: Callable[[int, int], list[Any]]
     state: CellState = CellState.PENDING
     actors: list[Any] = field(default_factory=list)
     info: IndepDPInfo | None = None
     incarnation: int = 0
     lifelines: list[ray.ObjectRef] = field(default_factory=list)  # one pending ``lifeline`` call per actor
-    standby: list[Any] = field(default_factory=list)  # the next incarnation's actors, started ahead (or none)
 
     # ---- transitions ------------------------------------------------------------------------
     def allocate(self) -> None:
@@ -82,18 +80,8 @@ class Cell:
 
     def _create_actors(self) -> None:
         self.incarnation += 1
-        self.actors, self.standby = self.standby or self.make_actors(self.index, self.incarnation), []
+        self.actors = self.make_actors(self.index, self.incarnation)
         self.lifelines = [a.lifeline.remote() for a in self.actors]
-
-    def prepare_standby(self) -> None:
-        """Start the next incarnation's actors now, for ``start`` to take; a no-op if there are some."""
-        if not self.standby:
-            self.standby = self.make_actors(self.index, self.incarnation + 1)
-
-    def discard_standby(self) -> None:
-        for actor in self.standby:
-            ray.kill(actor, no_restart=True)
-        self.standby = []
 
     def mark_alive(self, info: IndepDPInfo) -> None:
         self._expect(CellState.ALLOCATED, CellState.ALIVE)
@@ -104,9 +92,7 @@ class Cell:
         self.state = CellState.ERRORED
 
     def stop(self) -> None:
-        """Kill the actors (no wait; a Pending cell's early-started ones too) and become Stopped.
-
-        The standby stays: it is what the cell restarts with. Stopping a Stopped cell is a no-op."""
+        """Kill the actors (no wait; a Pending cell's early-started ones too) and become Stopped (a no-op if it is)."""
         if self.state == CellState.STOPPED:
             log.info("cell %d already stopped", self.index)
             return

@@ -87,21 +87,21 @@ def run_releasable(collective: Callable[[], None], released: threading.Event) ->
 # are served while a training call is blocked (e.g. in a collective waiting for a dead peer).
 @ray.remote(num_cpus=0, max_restarts=0, concurrency_groups={"heartbeat": 1, "fault_injector": 1, "lifeline": 1})
 class CellRank:
-    def __init__(self, spec: JobSpec, cell_index: int, rank_within_cell: int, store_addr: str, incarnation: int = 0):
-        logging.basicConfig(level=logging.INFO, stream=sys.stdout, force=True,
-                            format=f"[%(asctime)s] cell{cell_index}/rank{rank_within_cell} %(name)s: %(message)s",
-                            datefmt="%H:%M:%S")
+    """One rank of cell ``cell_index`` in its ``incarnation``; or, with ``cell_index`` None, of warm spare
+    number ``incarnation`` (``ftexp.trainer.spares``): built alike, it learns its cell from its first ``init``."""
+
+    def __init__(self, spec: JobSpec, cell_index: int | None, rank_within_cell: int, store_addr: str,
+                 incarnation: int = 0):
         torch.set_num_threads(spec.trainer.threads_per_rank)
         torch.use_deterministic_algorithms(spec.deterministic)
-        self.spec, self.cell_index, self.rank = spec, cell_index, rank_within_cell
+        self.spec, self.rank = spec, rank_within_cell
         self.store_addr = store_addr
-        self.events = EventLogger(spec.side_dir.events, ProcessIdentity(component="actor", cell_index=cell_index,
-                                                                    rank_within_cell=rank_within_cell))
+        self._take_place(cell_index, f"cell{cell_index}" if cell_index is not None else f"spare{incarnation}")
         engine = get_engine(spec.trainer.engine)
         self.ranks_per_cell = engine.ranks_per_replica(spec.mode)
         self.has_world = engine.needs_process_world
         if self.has_world:
-            self._join_cell_world(incarnation)
+            self._join_cell_world(f"cell{cell_index}/{incarnation}/" if cell_index is not None else f"spare{incarnation}/")
         self.replica = engine.build_replica(spec.trainer, spec.mode, seed=spec.seed, deterministic=spec.deterministic)
         # A task's supervised warm-up, on a cold start only: computed by the first cell's first actors and
         # loaded by the other cells' (incarnation 1; a healed cell's later ones, like a resumed run's or a
@@ -119,11 +119,20 @@ class CellRank:
         self.last_active, self.bump_count = time.time(), 0
         self.weight_pusher: WeightPusher | None = None  # live rollout engines: made on the first push
 
-    def _join_cell_world(self, incarnation: int) -> None:
+    def _take_place(self, cell_index: int | None, name: str) -> None:
+        """Become a rank of cell ``cell_index`` (None: a spare, no cell yet): log lines and events say so."""
+        logging.basicConfig(level=logging.INFO, stream=sys.stdout, force=True,
+                            format=f"[%(asctime)s] {name}/rank{self.rank} %(name)s: %(message)s", datefmt="%H:%M:%S")
+        self.cell_index = cell_index
+        self.events = EventLogger(self.spec.side_dir.events, ProcessIdentity(
+            component="actor", cell_index=cell_index, rank_within_cell=self.rank)) if cell_index is not None else None
+
+    def _join_cell_world(self, prefix: str) -> None:
+        """The replica's own world, under a prefix of the store that no other incarnation or spare uses."""
         host, port = self.store_addr.rsplit(":", 1)
         timeout = dt.timedelta(seconds=self.spec.trainer.world_timeout_s)
         store = dist.TCPStore(host, int(port), is_master=False, timeout=timeout)
-        dist.init_process_group("gloo", store=dist.PrefixStore(f"cell{self.cell_index}/{incarnation}/", store),
+        dist.init_process_group("gloo", store=dist.PrefixStore(prefix, store),
                                 rank=self.rank, world_size=self.ranks_per_cell, timeout=timeout)
 
     @ray.method(concurrency_group="heartbeat")
@@ -182,6 +191,8 @@ class CellRank:
         ``ok: False``: this cell is fine, and the group may heal it again in the next quorum.
         """
         t0 = time.monotonic()
+        if self.cell_index is None:  # a warm spare, taken by this cell
+            self._take_place(info.cell_index, f"cell{info.cell_index}")
         if load_rollout_id is not None:
             self.replica.load_state_dict(load_rank_state(self.spec.load_dir, load_rollout_id, self.replica.coords))
         received = 0

@@ -21,9 +21,10 @@ every other member is released from its cross-cell waits on that quorum (``relea
 so nobody waits out a collective's timeout for a peer the driver already knows is gone. A retry
 after an attempt in which a cell left starts at once; only a failure without a known cause backs off.
 
-Where cells are restarted at random times (``keep_standby``: a soak's controller), every alive cell
-keeps a warm standby, so a heal takes actors that are already up instead of waiting for new
-processes to start — on a loaded machine that start, not the heal, is most of a recovery.
+With ``trainer.spare_cells=k`` the group keeps k warm spares (``ftexp.trainer.spares``): a restarted
+cell takes one — ranks already started and built — instead of starting processes, which on a loaded
+machine (or with megatron-core to import) is most of a recovery; after each commit the group
+tops the pool up again in the background.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from ftexp.audit.events import CellLifecycleEvent, CellReconfigureEvent, EventLo
 from ftexp.audit.witness import WitnessIdAllocator, WitnessInfo, allocation_event
 from ftexp.trainer.cell import Cell, CellState, IndepDPInfo
 from ftexp.trainer.cell_rank import DISCARDED, NORMAL
+from ftexp.trainer.spares import SparePool
 
 log = logging.getLogger(__name__)
 WATCH_POLL_S = 0.5  # how often the death watch re-reads which cells to watch (a death wakes it at once)
@@ -56,9 +58,13 @@ class TrainGroup:
         self.cfg = trainer_cfg
         self.witness_allocator = witness_allocator
         self.quorum_id = 0
-        # make_rank(cell index, rank within cell, incarnation) -> a Ray actor handle
-        self.cells = [Cell(i, lambda c, inc: [make_rank(c, r, inc) for r in range(ranks_per_cell)])
-                      for i in range(num_cells)]
+        # make_rank(cell index, rank within cell, incarnation) -> a Ray actor handle; a spare's ranks
+        # are made with cell index None and the spare's number in place of the incarnation.
+        self.make_rank, self.ranks_per_cell = make_rank, ranks_per_cell
+        self.spares = SparePool(trainer_cfg.spare_cells,
+                                lambda n: [make_rank(None, r, n) for r in range(ranks_per_cell)])
+        self._spare_taken: dict[int, int] = {}  # cell -> the incarnation that took a warm spare's ranks
+        self.cells = [Cell(i, self._ranks_for) for i in range(num_cells)]
         self.health = None  # set by the control plane: paused around every reconfigure
         self.on_allocated = None  # multi-node: called with each cell once its new actors answer (placement events)
         self.waiting_on: dict[int, str] = {}  # cell -> the call the loop is blocked on (for hang diagnosis)
@@ -68,7 +74,6 @@ class TrainGroup:
         self._spent_quorum: int | None = None  # a quorum an attempt was discarded on: it must not train again
         self._watch_stop = threading.Event()
         self._watch: threading.Thread | None = None
-        self.standby = False  # every alive cell keeps a warm standby (see ``keep_standby``)
 
     # ---- start-up -----------------------------------------------------------------------------
     def init(self, load_rollout_id: int | None) -> list[dict[str, Any]]:
@@ -77,6 +82,8 @@ class TrainGroup:
         self._members = tuple(alive)
         for cell in self.cells:
             cell.allocate()
+        with self._lock:
+            self.spares.fill()  # built alongside the cells, so even an early failure finds a spare ready
         self._watch = threading.Thread(target=self._watch_deaths, name="cell-death-watch", daemon=True)
         self._watch.start()
         # Every actor built (its replica too) before any rank starts the cross-cell rendezvous, whose timeout
@@ -97,18 +104,14 @@ class TrainGroup:
                 self.on_allocated(cell)
         return results
 
-    def keep_standby(self) -> None:
-        """From now on every alive cell keeps a warm standby: its restart starts no process.
-
-        One node only: on several (``on_allocated`` set) each incarnation has its own placement
-        group, and a standby's would take the place of the running incarnation's."""
-        if self.on_allocated is not None:
-            log.info("multi-node group: cells keep no standby")
-            return
-        with self._lock:
-            self.standby = True
-            for i in self.alive_indices():
-                self.cells[i].prepare_standby()
+    def _ranks_for(self, cell_index: int, incarnation: int) -> list[Any]:
+        """A cell's next ranks: a warm spare's if the pool has one, else new actors."""
+        ranks = self.spares.take()
+        if ranks is None:
+            return [self.make_rank(cell_index, r, incarnation) for r in range(self.ranks_per_cell)]
+        self._spare_taken[cell_index] = incarnation
+        log.info("cell %d (incarnation %d) takes a warm spare", cell_index, incarnation)
+        return ranks
 
     # ---- membership ---------------------------------------------------------------------------
     def alive_indices(self) -> list[int]:
@@ -243,8 +246,6 @@ class TrainGroup:
                 raise RetryableStepError(f"reconfigure to quorum {self.quorum_id} failed in cells {failed}")
             for i in will_alive:
                 self.cells[i].mark_alive(info[i])
-                if self.standby:
-                    self.cells[i].prepare_standby()
         timings: dict[str, float] = {}
         if pending:
             timings = {
@@ -256,6 +257,7 @@ class TrainGroup:
         event = CellReconfigureEvent(
             rollout_id=rollout_id, quorum_id=self.quorum_id, src_cell_index=src if pending else None,
             healed_cell_indices=pending, alive_cell_indices_after=will_alive, timings=timings,
+            spare_cell_indices=[i for i in pending if self._spare_taken.get(i) == self.cells[i].incarnation],
             bytes_transferred=sum(r["bytes"] for r in results[src]) if pending else 0)
         self.events.log(event)
         log.info("quorum %d: alive %s (healed %s from cell %s)", self.quorum_id, will_alive, pending,
@@ -313,6 +315,8 @@ class TrainGroup:
                 self._spent_quorum = self.quorum_id
             raise RetryableStepError(f"outcomes {outcomes}")
         self.events.log(TrainGroupStepEndEvent(rollout_id=rollout_id, attempt=attempt, cell_outcomes=outcomes))
+        with self._lock:
+            self.spares.fill()  # replace a spare a heal used, once the group committed again: not during the heal
         return metrics or {}
 
     def _collect_cells(self, refs: dict[int, list[ray.ObjectRef]]) -> dict[int, list[Any] | Exception]:
@@ -357,7 +361,7 @@ class TrainGroup:
             for cell in self.cells:
                 if cell.state != CellState.STOPPED:
                     cell.stop()
-                cell.discard_standby()
+            self.spares.shutdown()
 
 
 def _death_cause(lifeline: ray.ObjectRef) -> str:

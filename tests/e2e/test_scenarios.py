@@ -43,6 +43,8 @@ def runs(tmp_path_factory):
 # dp2 runs the last cell's crash with two rollouts after the heal. dp4's no_failure and dp2's
 # deterministic add little and are left out of the default run.
 SCENARIOS = [("no_failure", "dp2"), ("with_failure", "dp2"), ("with_failure_cell0", "dp4"), ("deterministic", "dp4")]
+# dp4's two heals take warm spares (the second one the replacement of the first); dp2's heal starts new ranks.
+SPARE_CELLS = {("with_failure_cell0", "dp4"): 1}
 
 
 def _shrink(rollout_id: int, alive: list[int]) -> dict:
@@ -78,7 +80,8 @@ def _passing_run(runs: Path, scenario: str, mode: str) -> Path:
     """
     key = (scenario, mode)
     if key not in _passed:
-        run_dir, result = _run(runs, f"{scenario}_{mode}", f"mode={mode}", f"scenario={scenario}")
+        run_dir, result = _run(runs, f"{scenario}_{mode}", f"mode={mode}", f"scenario={scenario}",
+                               f"trainer.spare_cells={SPARE_CELLS.get(key, 0)}")
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
         _passed[key] = run_dir
     return _passed[key]
@@ -96,6 +99,7 @@ def test_scenario_passes(runs, scenario, mode):
         assert _check(report, "phase_b/faults_injected")["passed"]
         recoveries = _check(report, "phase_b/recovery")["details"]["recoveries"]
         assert all(r["bytes"] > 0 for r in recoveries[1::2]) and all(r["detection_s"] is not None for r in recoveries[::2])
+        assert all(r["spare"] == bool(SPARE_CELLS.get((scenario, mode))) for r in recoveries[1::2])
         # The witness rule checked every commit, including the retry of the crashed rollout with fresh ids.
         analyzer = _check(report, "phase_b/target_event_analyzer")
         assert analyzer["passed"] and analyzer["details"]["issues"] == []

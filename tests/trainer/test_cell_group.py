@@ -257,21 +257,55 @@ def test_a_discarded_attempt_spends_its_quorum_and_backs_off(tmp_path):
     assert len(_reconfigures(tmp_path)) == 1
 
 
-def test_a_restarted_cell_takes_its_warm_standby(tmp_path):
-    group = _group(tmp_path)
-    group.keep_standby()
-    standbys = [list(c.standby) for c in group.cells]
-    assert all(len(s) == 1 for s in standbys) and ray.get(standbys[2][0].ping.remote(), timeout=30)
+def test_a_restarted_cell_takes_a_warm_spare_and_the_pool_is_refilled(tmp_path):
+    """spare_cells=1: the spare starts with the cells; a restarted cell takes its ranks (no new actor), its
+    heal says so, and the next commit starts a replacement; a spare that died waiting is passed over."""
+    made = []  # (cell index or None for a spare, incarnation or spare number, handle) per rank actor started
+    events = EventLogger(tmp_path / "events", ProcessIdentity(component="main"))
+    group = TrainGroup(3, 1, lambda c, r, inc: made.append((c, inc, ScriptedRank.remote(c))) or made[-1][2], events,
+                       TrainerConfig(retry_backoff_s=0.01, spare_cells=1))
+    _groups.append(group)
+    group.init(load_rollout_id=None)
+    assert [m[:2] for m in made] == [(0, 1), (1, 1), (2, 1), (None, 1)]
+    spare = made[-1][2]
+    assert ray.get(spare.ping.remote(), timeout=30)
     group.stop_cell(2, by="test")
-    assert group.cells[2].standby == standbys[2]  # a stop keeps the standby: it is what the cell restarts with
     group.start_cell(2, by="test")
-    assert (group.cells[2].actors, group.cells[2].incarnation) == (standbys[2], 2)
+    assert len(made) == 4 and group.cells[2].actors == [spare] and group.cells[2].incarnation == 2
     heal = group.refresh(1)
-    assert (heal.healed_cell_indices, heal.timings["allocate_s"] < 5.0) == ([2], True)
-    assert group.cells[2].standby and group.cells[2].standby != standbys[2]  # the healed cell gets a new one
-    assert [c.standby for c in group.cells[:2]] == standbys[:2]
-    left_over = [group.cells[2].standby[0], standbys[0][0]]
-    group.shutdown()  # standbys end with the group
-    for actor in left_over:
-        with pytest.raises(ray.exceptions.RayActorError):
-            ray.get(actor.ping.remote(), timeout=30)
+    assert (heal.healed_cell_indices, heal.spare_cell_indices) == ([2], [2])
+    assert ray.get(spare.get_calls.remote())[0] == ("init", 1, 0)  # the spare's rank was healed from cell 0
+    assert len(made) == 4  # not replaced during the heal ...
+    group.train(1)
+    assert ("train", 1, 0) in ray.get(spare.get_calls.remote())
+    assert [m[:2] for m in made[4:]] == [(None, 2)]  # ... but after the commit
+    replacement = made[-1][2]
+
+    ray.get(replacement.ping.remote(), timeout=30)
+    ray.kill(replacement, no_restart=True)  # the spare dies while waiting
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(replacement.ping.remote(), timeout=30)
+    group.stop_cell(1, by="test")
+    group.start_cell(1, by="test")
+    assert [m[:2] for m in made[5:]] == [(1, 2)]  # passed over: cell 1 starts new ranks instead
+    heal = group.refresh(2)
+    assert (heal.healed_cell_indices, heal.spare_cell_indices) == ([1], [])
+    group.train(2)
+    assert [m[:2] for m in made[6:]] == [(None, 3)]
+    left_over = made[-1][2]
+    group.shutdown()  # spares end with the group
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(left_over.ping.remote(), timeout=30)
+
+
+def test_without_spares_a_restarted_cell_starts_new_ranks(tmp_path):
+    made = []
+    events = EventLogger(tmp_path / "events", ProcessIdentity(component="main"))
+    group = TrainGroup(2, 1, lambda c, r, inc: made.append((c, inc)) or ScriptedRank.remote(c), events,
+                       TrainerConfig(retry_backoff_s=0.01))
+    _groups.append(group)
+    group.init(load_rollout_id=None)
+    group.stop_cell(1, by="test")
+    group.start_cell(1, by="test")
+    heal = group.refresh(1)
+    assert made == [(0, 1), (1, 1), (1, 2)] and (heal.healed_cell_indices, heal.spare_cell_indices) == ([1], [])

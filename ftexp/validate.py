@@ -99,8 +99,6 @@ def validate_live_rollout(cfg: ExperimentConfig) -> None:
     if rollout.engine_temperature <= 0 or not 0 < rollout.engine_top_p <= 1:
         raise InputError(f"trainer.rollout: engine_temperature must be > 0 and engine_top_p in (0, 1], got "
                          f"{rollout.engine_temperature} and {rollout.engine_top_p}")
-    if cfg.launcher.nodes > 1:
-        raise InputError(f"mode {cfg.mode.name}: live rollout engines run on one node (launcher.nodes=1)")
     ratio = cfg.mode.rollout_inject_min_match_ratio
     if ratio is not None and not 0 <= ratio < 1:
         raise InputError(f"mode {cfg.mode.name}: rollout_inject_min_match_ratio must be in [0, 1), got {ratio}")

@@ -24,9 +24,8 @@ from ftexp_runner import run_ftexp
      "rollout_inject_min_match_ratio must be in [0, 1)"),
     (["mode=colocate_dp2_cp2_rollout_ft"], "rollout engines colocated with the trainer (offloading between them is not "
      "built yet)"),
-    (["mode=6node_dp4_cp2_tp2_pp2_ep2_etp2"], "needs 4 train nodes (launcher=local is one machine: use launcher=slurm); "
-     "and 2 rollout engines on 2 rollout nodes (live engines run beside the trainer on one node; placing them on nodes "
-     "of their own is not built yet); and expert-TP 2"),
+    (["mode=6node_dp4_cp2_tp2_pp2_ep2_etp2"], "needs 6 nodes, 4 train + 2 rollout (launcher=local is one machine: use "
+     "launcher=slurm)"),
     (["mode=dp2", "launcher.nodes=2"], "launcher.nodes=2 needs launcher=slurm"),
     (["mode=dp2", "scenario=node_failure"], "needs launcher=slurm launcher.nodes>=2"),
     (["stage=compare"], "stage=compare needs run_dir"),

@@ -4,7 +4,7 @@ import pytest
 
 from ftexp.errors import InputError
 from ftexp.faults.plan import FaultPlan, TestAction, TestActionKind
-from ftexp.placement import Placement
+from ftexp.placement import Placement, job_nodes, placement_for, rollout_node_layout
 from ftexp.scenarios.comparison import planned_reconfigures
 from ftexp.verify.reconfigure import ReconfigureInfo
 
@@ -51,3 +51,54 @@ def test_a_node_fault_takes_every_cell_of_the_node_and_restores_them_together():
 def test_node_faults_need_a_node_that_can_be_lost(node, placement, message):
     with pytest.raises(InputError, match=message):
         FaultPlan([TestAction(at_rollout=1, action=KILL, node_index=node)], 4, placement)
+
+
+def _cfg(*overrides: str):
+    from hydra import compose, initialize_config_module
+    from omegaconf import OmegaConf
+
+    from ftexp.config import register_configs
+
+    register_configs()
+    with initialize_config_module(config_module="ftexp.conf", version_base=None):
+        return OmegaConf.to_object(compose(config_name="config", overrides=list(overrides)))
+
+
+def _assert_engines_off_train_nodes(placement) -> None:
+    train = {n for ranks in placement.rank_nodes for n in ranks}
+    assert placement.engine_nodes and not train & set(placement.engine_nodes), placement
+    assert train == set(range(placement.train_nodes)) and set(placement.engine_nodes) <= set(placement.rollout_nodes)
+
+
+@pytest.mark.parametrize("overrides, nodes, cells, engines", [
+    # launcher.nodes counts every node: 1 train node (both cells) + 1 rollout node (both engines)
+    (["mode=dp2_cp2_real_rollout_dense", "launcher.nodes=2", "mode.rollout_num_engines=2"], 2, [[0], [0]], (1, 1)),
+    # 4 one-GPU engines fill one 4-GPU rollout node; a third node goes to the cells
+    (["mode=dp2_cp2_real_rollout_dense", "launcher.nodes=3"], 3, [[0], [1]], (2, 2, 2, 2)),
+    # the seed's 6-node mode: 4 train nodes, one 8-GPU engine on each of 2 rollout nodes
+    (["mode=6node_dp4_cp2_tp2_pp2_ep2_etp2"], 6, [[0], [1], [2], [3]], (4, 5)),
+])
+def test_rollout_engines_get_nodes_of_their_own_after_the_train_nodes(overrides, nodes, cells, engines):
+    placement = placement_for(_cfg("launcher=slurm", *overrides))
+    assert placement.nodes == nodes and job_nodes(_cfg("launcher=slurm", *overrides)) == nodes
+    assert [placement.cell_nodes(c) for c in range(len(cells))] == cells
+    assert placement.engine_nodes == engines
+    _assert_engines_off_train_nodes(placement)
+    assert all(placement.baseline_ranks_on(n) == [] for n in placement.rollout_nodes)  # no baseline rank there either
+
+
+def test_engines_fill_rollout_nodes_whole():
+    assert rollout_node_layout(4, 1, 4) == ((0, 0, 0, 0), 1)
+    assert rollout_node_layout(5, 2, 4) == ((0, 0, 1, 1, 2), 3)   # 2 engines per 4-GPU node
+    assert rollout_node_layout(2, 16, 8) == ((0, 2), 4)           # an engine larger than a node spans 2
+    assert rollout_node_layout(3, 0, 0) == ((0, 0, 0), 1)         # no GPUs named: one rollout node
+    two = Placement.build(num_cells=2, ranks_per_cell=1, nodes=2).with_engines(5, 2, 4)
+    assert two.nodes == 5 and two.train_nodes == 2 and two.rollout_nodes == [2, 3, 4] and two.engines_on(3) == [2, 3]
+    _assert_engines_off_train_nodes(two)
+
+
+def test_one_node_jobs_keep_their_engines_beside_the_trainer_and_a_rollout_node_holds_no_cell_to_fault():
+    assert placement_for(_cfg("mode=dp2_cp2_real_rollout_dense", "launcher=slurm")) is None
+    placement = placement_for(_cfg("mode=dp2_cp2_real_rollout_dense", "launcher=slurm", "launcher.nodes=2"))
+    with pytest.raises(InputError, match="node 1 holds no cell"):
+        FaultPlan([TestAction(at_rollout=1, action=KILL, node_index=1)], 2, placement)

@@ -211,6 +211,17 @@ class CellPlacementEvent(_Event):
     ray_node_ids: list[str] = Field(default_factory=list)
 
 
+class EnginePlacementEvent(_Event):
+    """Where one rollout engine runs (multi-node jobs: on a rollout node), as the engine's process reports it."""
+
+    type: Literal["engine_placement"] = "engine_placement"
+    engine_index: int
+    node: int                         # the node index the engine's process runs on
+    planned_node: int                 # what the placement asked for
+    url: str                          # where it serves (the router and the weight sender reach it there)
+    ray_node_id: str | None = None
+
+
 class NodeStateEvent(_Event):
     """A node of a multi-node job came back after a node fault (``rejoined``), with how long it took."""
 
@@ -234,6 +245,7 @@ Event = Annotated[
         TrainAdvantageComputationEvent,
         FaultInjectedEvent,
         CellPlacementEvent,
+        EnginePlacementEvent,
         NodeStateEvent,
         ControlServerStartedEvent,
         CellLifecycleEvent,

@@ -8,6 +8,7 @@ the tasks rendezvous there instead of over a network port of their own::
       node<i>.down          a planned node fault: take node i away now (written by the rank that sets it off)
       node<i>.up            bring node i back (written by the driver, ``restore_node_at_end``)
       node<i>.state.json    node i's supervisor: {"state": "down"|"up", "down_at": ..., "up_at": ...} (epoch s)
+      engines<i>.json       the baseline's rollout node i: its engines and their URLs (the head's router fronts them)
       task<i>.failed        task i failed (the baseline's head stops waiting for it)
       done                  task 0 is finished: every other task stops its node and returns
 

@@ -2,8 +2,8 @@
 
 A mode names what it needs (train nodes, rollout engines, expert-TP); a local launcher is one
 node, a Slurm launcher has the nodes ``sinfo`` reports, and a multi-node job's cells must fit its
-nodes (``ftexp.placement``). What cannot run here is refused with one line (exit 2) naming every
-reason, instead of failing deep inside a rank.
+train nodes, its rollout engines getting nodes of their own (``ftexp.placement``). What cannot run
+here is refused with one line (exit 2) naming every reason, instead of failing deep inside a rank.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import subprocess
 
 import torch
 
-from ftexp.config import ExperimentConfig, LauncherKind
+from ftexp.config import ExperimentConfig, LauncherKind, RolloutBackend
 from ftexp.errors import InputError
-from ftexp.placement import job_nodes, placement_for
+from ftexp.placement import nodes_wanted, placement_for, rollout_nodes_of
 
 
 def available_nodes(cfg: ExperimentConfig) -> int:
@@ -33,25 +33,25 @@ def check_capacity(cfg: ExperimentConfig) -> None:
         raise InputError(f"launcher.nodes={launcher.nodes} needs launcher=slurm (launcher={launcher.name.value} "
                          f"is this one machine)")
     reasons = []
-    nodes = max(mode.nodes, job_nodes(cfg))
+    nodes = nodes_wanted(mode, launcher.nodes)
+    rollout_nodes = rollout_nodes_of(mode) if nodes > 1 else 0
+    wanted = (f"{nodes} nodes, {nodes - rollout_nodes} train + {rollout_nodes} rollout" if rollout_nodes
+              else f"{nodes} train nodes")
     if nodes > 1:
         have = available_nodes(cfg)
         if launcher.name == LauncherKind.local:
-            reasons.append(f"{nodes} train nodes (launcher=local is one machine: use launcher=slurm)")
+            reasons.append(f"{wanted} (launcher=local is one machine: use launcher=slurm)")
         elif nodes > have:
-            reasons.append(f"{nodes} train nodes (launcher=slurm has {have})")
+            reasons.append(f"{wanted} (launcher=slurm has {have})")
         else:
             try:
                 placement_for(cfg)  # the cells must fit the nodes
             except InputError as e:
                 reasons.append(f"its cells placed on {nodes} nodes: {e}")
     if mode.rollout_num_engines:
-        rollout_nodes = 0
-        if not mode.colocate and mode.train_gpus_per_node:
-            rollout_nodes = -(-mode.rollout_num_engines * mode.rollout_gpus_per_engine // mode.train_gpus_per_node)
-        if nodes > 1 or rollout_nodes > 1:
-            reasons.append(f"{mode.rollout_num_engines} rollout engines on {rollout_nodes} rollout nodes (live engines "
-                           f"run beside the trainer on one node; placing them on nodes of their own is not built yet)")
+        if rollout_nodes and cfg.trainer.rollout.backend != RolloutBackend.cpu:
+            reasons.append(f"rollout.backend={cfg.trainer.rollout.backend.value} engines on rollout nodes (sglang "
+                           f"servers start beside the driver; starting them on rollout nodes is not built yet)")
         if mode.colocate:
             reasons.append("rollout engines colocated with the trainer (offloading between them is not built yet)")
     if mode.etp > 1 and not torch.cuda.is_available():

@@ -1,13 +1,17 @@
 """Rollout engines as Ray actors: each one our CPU sglang-protocol server (``server``) under uvicorn.
 
-`RolloutEngine` owns one server: uvicorn runs in a thread of the engine's process on 127.0.0.1, on a
-port the OS picks (bound here first, so the URL is known before the first request). The class is a
-plain one: `EngineGroup` makes Ray actors of it, and tests may run it in-process. ``simulate_crash``
+`RolloutEngine` owns one server: uvicorn runs in a thread of the engine's process on its Ray node's
+address (127.0.0.1 on one machine and on a loopback cluster; outside Ray, 127.0.0.1), on a port the
+OS picks (bound here first, so the URL is known before the first request). The class is a plain
+one: `EngineGroup` makes Ray actors of it, and tests may run it in-process. ``simulate_crash``
 stops the server while the actor stays reachable — how an engine fault looks to the trainer.
 
 `EngineGroup` is the driver's side: start N engine actors, wait until each answers ``/health``,
 hand out their URLs, stop them. An engine asks Ray for no CPU by default (``num_cpus=0``): rollout
-and training alternate, so engines fit on a 2-core machine beside the training cells.
+and training alternate, so engines fit on a 2-core machine beside the training cells. In a
+multi-node job each engine also asks for its rollout node's custom resource (``node_resources``),
+which pins it there; it then serves on that node's address, so the router and the weight sender
+on the head reach it across nodes.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from ftexp.rollout.processes import OFFLINE_ENV
 from ftexp.rollout.server import CpuEngine, ServerConfig, build_app
 
 log = logging.getLogger(__name__)
+LOOPBACK = "127.0.0.1"
 
 
 class RolloutEngine:
@@ -42,13 +47,14 @@ class RolloutEngine:
         self.url: str | None = None
 
     def start(self, timeout_s: float = 60.0) -> str:
-        """Load the model, serve it; returns ``http://127.0.0.1:PORT`` once the server listens."""
+        """Load the model, serve it; returns ``http://ADDRESS:PORT`` (see the module docstring) once it listens."""
         if self._thread is not None and self._thread.is_alive():
             return self.url
         engine = CpuEngine(self.config)
+        host = ray.util.get_node_ip_address() if ray.is_initialized() else LOOPBACK
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((host, 0))
         port = sock.getsockname()[1]
         server = uvicorn.Server(uvicorn.Config(build_app(engine), log_level="warning", access_log=False,
                                                timeout_graceful_shutdown=1))
@@ -58,10 +64,10 @@ class RolloutEngine:
         deadline = time.monotonic() + timeout_s
         while not server.started:
             if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"rollout server on 127.0.0.1:{port} did not start")
+                raise RuntimeError(f"rollout server on {host}:{port} did not start")
             time.sleep(0.01)
         self._server, self._sock = server, sock
-        self.url = f"http://127.0.0.1:{port}"
+        self.url = f"http://{host}:{port}"
         log.info("rollout engine serving %s at %s", self.config.model_path, self.url)
         return self.url
 
@@ -89,6 +95,8 @@ class EngineGroupConfig:
     num_engines: int
     num_cpus: float = 0.0  # Ray CPUs per engine actor (see the module docstring)
     start_timeout_s: float = 300.0  # several engines starting on a loaded 2-core machine take minutes
+    # [engine] -> the Ray custom resource of the node it must run on (empty: wherever Ray puts it)
+    node_resources: tuple[str, ...] = ()
 
 
 class EngineGroup:
@@ -101,9 +109,11 @@ class EngineGroup:
         self.urls: list[str] = []
 
     def start(self) -> list[str]:
-        actor_class = ray.remote(RolloutEngine).options(num_cpus=self.config.num_cpus,
-                                                        runtime_env={"env_vars": OFFLINE_ENV})
-        self.actors = [actor_class.remote(self.server) for _ in range(self.config.num_engines)]
+        actor_class = ray.remote(RolloutEngine)
+        pinned = self.config.node_resources
+        self.actors = [actor_class.options(num_cpus=self.config.num_cpus, runtime_env={"env_vars": OFFLINE_ENV},
+                                           **({"resources": {pinned[i]: 1}} if pinned else {})).remote(self.server)
+                       for i in range(self.config.num_engines)]
         try:
             self.urls = ray.get([a.start.remote() for a in self.actors], timeout=self.config.start_timeout_s)
             for url in self.urls:

@@ -1,9 +1,11 @@
 """The trainer's side of a weight update: push HF-named tensors to every engine, check what they hold.
 
 `WeightSender` runs in the process that holds the full checkpoint-named tensors (rank 0 of the first
-alive cell, or the baseline's DP rank 0). ``connect`` hosts a store on 127.0.0.1, asks every engine
-to join a gloo weight-update group (``/init_weights_update_group``, all at once: each call returns
-only when the whole group has formed) and joins it as rank 0. ``send`` posts
+alive cell, or the baseline's DP rank 0). ``connect`` hosts a store on this machine's address toward
+the engines (127.0.0.1 for engines on loopback, on one machine or across the nodes of a loopback
+cluster; the node's own address toward rollout nodes elsewhere), asks every engine to join a gloo
+weight-update group (``/init_weights_update_group``, all at once: each call returns only when the
+whole group has formed) and joins it as rank 0. ``send`` posts
 ``/update_weights_from_distributed`` to every engine and broadcasts each tensor, in name order,
 while they receive. When the sender changes (a cell crashed or healed) or an engine restarted, the
 new sender ``connect``s under a new group name and the engines drop their old group.
@@ -17,6 +19,7 @@ from __future__ import annotations
 import logging
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from functools import partial
+from urllib.parse import urlsplit
 from typing import Callable, TypeVar
 
 import torch
@@ -32,9 +35,10 @@ T = TypeVar("T")
 
 
 class WeightSender:
-    """`host`: the address the engines reach this process at (loopback unless engines are on other nodes)."""
+    """`host`: the address the engines reach this process at (None: this machine's address on the route to the
+    first engine's host — 127.0.0.1 for engines on loopback, the node's own address toward rollout nodes)."""
 
-    def __init__(self, timeout_s: float = 120.0, host: str = weight_group.LOOPBACK) -> None:
+    def __init__(self, timeout_s: float = 120.0, host: str | None = None) -> None:
         self.timeout_s = timeout_s
         self.host = host
         self.group: weight_group.WeightGroup | None = None
@@ -49,7 +53,8 @@ class WeightSender:
         if not engine_urls:
             raise ValueError("connect needs at least one engine URL")
         self.close()
-        master = self._master = LoopbackStore(self.host)
+        host = self.host or weight_group.address_toward(urlsplit(engine_urls[0]).hostname)
+        master = self._master = LoopbackStore(host)
         self._clients = [EngineClient(url, timeout_s=self.timeout_s) for url in engine_urls]
         world_size = 1 + ranks_per_engine * len(engine_urls)
         joins = [partial(c.init_weights_update_group, master.host, master.port, 1 + ranks_per_engine * i,

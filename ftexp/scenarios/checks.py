@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ftexp.audit.analyzer import analyze
-from ftexp.audit.events import (CellLifecycleEvent, CellPlacementEvent, CellReconfigureEvent, FaultInjectedEvent, NodeStateEvent, TrainEngineLocalWeightChecksumEvent, TrainGroupStepEndEvent,
+from ftexp.audit.events import (CellLifecycleEvent, CellPlacementEvent, CellReconfigureEvent, EnginePlacementEvent, FaultInjectedEvent, NodeStateEvent, TrainEngineLocalWeightChecksumEvent, TrainGroupStepEndEvent,
                                 WitnessAllocateIdEvent, WitnessSnapshotParamEvent, read_events)
 from ftexp.verify.dumps import leaf_set
 from ftexp.verify.report import CheckResult
@@ -115,17 +115,26 @@ def check_target_commits(events_dir: Path, rollouts: list[int], name: str) -> Ch
 
 def check_placement(events_dir: Path, placement, name: str) -> CheckResult:
     """Multi-node: every cell logged where its ranks run (``cell_placement``), every allocation (heals too) on
-    the nodes the placement planned."""
-    placed = [e for e in read_events(events_dir) if isinstance(e, CellPlacementEvent)]
+    the nodes the placement planned; every rollout engine (``engine_placement``) on its planned rollout node."""
+    events = read_events(events_dir)
+    placed = [e for e in events if isinstance(e, CellPlacementEvent)]
+    engines = [e for e in events if isinstance(e, EnginePlacementEvent)]
+    planned_engines = dict(enumerate(placement.engine_nodes))
     wrong = [f"cell {e.cell_index} (incarnation {e.incarnation}) on {e.rank_nodes}, planned "
              f"{list(placement.rank_nodes[e.cell_index])}" for e in placed
              if e.rank_nodes != list(placement.rank_nodes[e.cell_index])]
+    wrong += [f"engine {e.engine_index} on node {e.node}, planned {planned_engines.get(e.engine_index, 'none')}"
+              for e in engines if e.node != planned_engines.get(e.engine_index)]
     missing = sorted(set(range(len(placement.rank_nodes))) - {e.cell_index for e in placed})
-    problems = wrong + ([f"no placement event for cells {missing}"] if missing else [])
-    layout = ", ".join(f"node {n}: cells {placement.cells_on(n)}" for n in range(placement.nodes))
-    found = "; ".join(problems) if problems else f"{len(placed)} placements on planned nodes"
+    missing_engines = sorted(set(planned_engines) - {e.engine_index for e in engines})
+    problems = (wrong + ([f"no placement event for cells {missing}"] if missing else [])
+                + ([f"no placement event for engines {missing_engines}"] if missing_engines else []))
+    layout = ", ".join(f"node {n}: " + (f"engines {placement.engines_on(n)}" if n in placement.rollout_nodes
+                                         else f"cells {placement.cells_on(n)}") for n in range(placement.nodes))
+    found = "; ".join(problems) if problems else f"{len(placed) + len(engines)} placements on planned nodes"
     return CheckResult(name, not problems, f"{found}; {layout}",
-                       {"placements": [e.model_dump(mode="json") for e in placed]})
+                       {"placements": [e.model_dump(mode="json") for e in placed],
+                        "engine_placements": [e.model_dump(mode="json") for e in engines]})
 
 
 def check_faults(events_dir: Path, expected: int, name: str) -> CheckResult:

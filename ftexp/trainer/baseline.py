@@ -6,7 +6,10 @@ SUM-reduced over the world here (a fixed-order fold in deterministic mode), with
 reduces them over its data-parallel groups itself. Nothing here tolerates faults: this is the
 reference the fault-tolerant target must reproduce. The ranks of replica 0 write the dumps and
 checkpoints (one file per rank), rank 0 the metrics. With live rollout engines, rank 0 generates
-every rollout through them and replica 0 pushes its weights to them after every step.
+every rollout through them and replica 0 pushes its weights to them after every step. On one node
+the parent process starts the engines (Ray actors of a private Ray instance) and the router; in a
+multi-node job each rollout node's task starts its own engines that way and the head's parent
+fronts them all with the router (``ftexp.trainer.rollout_engines``).
 
 Witness ids: there is no driver and no retry, so every rank runs its own copy of the allocator
 from the same resumed counter (read once by the parent, after the event restore) and allocates
@@ -21,6 +24,7 @@ import multiprocessing as mp
 import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 
 import ray
 import torch
@@ -37,8 +41,8 @@ from ftexp.rundir import rollout_path
 from ftexp.trainer.checkpoint import (complete_checkpoint, load_rank_state, resume_event, save_rank_state,
                                       start_event_log)
 from ftexp.trainer.driver import start_local_ray
-from ftexp.trainer.rollout_engines import (SideEngines, WeightPush, WeightPusher, publish_engines, record_update,
-                                           wait_for_engines, write_rollout)
+from ftexp.trainer.rollout_engines import (EngineAddresses, SideEngines, WeightPush, WeightPusher, publish_engines,
+                                           record_update, wait_for_engines, write_rollout)
 from ftexp.trainer.step import record_metrics, record_step_time, train_step
 from ftexp.store import LoopbackStore
 
@@ -159,21 +163,62 @@ def run_baseline(spec: JobSpec, node: int = 0, files: NodeFiles | None = None, h
 
 
 def _run_baseline_ranks(spec: JobSpec, node: int, files: NodeFiles | None, host: str, join_timeout_s: float) -> None:
+    side_engines = SideEngines(spec) if spec.live_rollout else None
+    on_rollout_nodes = side_engines is not None and spec.placement is not None and bool(spec.placement.engine_nodes)
+    if on_rollout_nodes and node == 0:
+        side_engines.write_model_dir()  # before the head publishes itself: the rollout nodes' engines serve it
     store_host, store_port, witness_counter, store = _meet_head(spec, node, files, host, join_timeout_s)
-    side_engines = starting = None
-    if spec.live_rollout:  # engines are Ray actors: a private Ray instance for this side
-        start_local_ray(num_cpus=2)
-        side_engines = SideEngines(spec)
+    if on_rollout_nodes and node in spec.placement.rollout_nodes:
+        _serve_engines(spec, side_engines, node, files, host)
+        return
+    starting = None
+    if side_engines is not None and node == 0:
+        if on_rollout_nodes:  # the router here, over the engines the rollout nodes' tasks publish
+            start = partial(_route_rollout_node_engines, spec, files, side_engines)
+        else:  # engines are Ray actors: a private Ray instance for this side
+            start_local_ray(num_cpus=2)
+            start = side_engines.start
         # The engines start while the ranks import and build their models; every rank waits for
         # their addresses on the store before the initial weight sync.
-        starting = ThreadPoolExecutor(1).submit(lambda: publish_engines(store.store, side_engines.start()))
+        starting = ThreadPoolExecutor(1).submit(lambda: publish_engines(store.store, start()))
     try:
         _run_ranks(spec, node, files, store_host, store_port, witness_counter, starting)
     finally:
-        if side_engines is not None:
+        if starting is not None:
             starting.exception()  # let a start in flight finish before stopping what it started
             side_engines.stop()
             ray.shutdown()
+
+
+def _serve_engines(spec: JobSpec, side_engines: SideEngines, node: int, files: NodeFiles, host: str) -> None:
+    """A rollout node's task: its engines in a private Ray instance on the node's address, their URLs published for
+    the head's router (``engines<node>``), serving until the head is done."""
+    engines = spec.placement.engines_on(node)
+    if engines:
+        start_local_ray(num_cpus=2, node_ip=host)
+    try:
+        if engines:
+            urls = side_engines.start_engines(len(engines))
+            files.publish(f"engines{node}", {"engines": engines, "urls": urls})
+            log.info("baseline node%d (a rollout node): engines %s at %s", node, engines, urls)
+        while not files.finished():
+            time.sleep(0.2)
+    finally:
+        side_engines.stop()
+        ray.shutdown()
+
+
+def _route_rollout_node_engines(spec: JobSpec, files: NodeFiles, side_engines: SideEngines) -> EngineAddresses:
+    """The router on the head over every engine, in engine order, as the rollout nodes' tasks publish them."""
+    timeout_s = spec.cluster.join_timeout_s + spec.trainer.rollout.engine_start_timeout_s
+    urls = []
+    for node in sorted(set(spec.placement.engine_nodes)):
+        published = files.wait_for(f"engines{node}", timeout_s, abandon=lambda: node in files.failed_tasks())
+        if published is None:
+            raise RuntimeError(f"baseline: rollout node{node} published no engines within {timeout_s:g} s "
+                               f"(its lines in train.log say why)")
+        urls += published["urls"]
+    return side_engines.start_router(urls)
 
 
 def _run_ranks(spec: JobSpec, node: int, files: NodeFiles | None, store_host: str, store_port: int,

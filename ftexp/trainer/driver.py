@@ -43,9 +43,10 @@ from ftexp.store import LoopbackStore
 log = logging.getLogger(__name__)
 
 
-def start_local_ray(num_cpus: int) -> None:
-    """A private Ray instance whose every socket is on loopback (see ``ftexp/__init__.py``)."""
-    ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False, num_cpus=num_cpus,
+def start_local_ray(num_cpus: int, node_ip: str = "127.0.0.1") -> None:
+    """A private Ray instance whose every socket is on ``node_ip``: loopback (see ``ftexp/__init__.py``), unless a
+    baseline's rollout node on a real cluster serves its engines on the node's own address."""
+    ray.init(address="local", _node_ip_address=node_ip, include_dashboard=False, num_cpus=num_cpus,
              log_to_driver=True, configure_logging=False)
 
 
@@ -173,7 +174,7 @@ def run_ft_driver(spec: JobSpec) -> None:
         group.on_allocated = placer.log_placement
     plane = watchdog = None
     soak = spec.soak
-    side_engines = SideEngines(spec) if spec.live_rollout else None
+    side_engines = SideEngines(spec, events) if spec.live_rollout else None
     task = build_task(spec.task) if spec.task is not None else None
     group_names = GroupNames(spec.side)
     # The engines start while the cells do; the first weight push waits for both.

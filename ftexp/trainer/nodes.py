@@ -59,7 +59,8 @@ def wait_for_nodes(wanted: list[int], timeout_s: float, what: str = "join") -> d
         time.sleep(0.25)
 
 
-def _node_of_this_process(_actor=None) -> tuple[int, str]:
+def node_of_this_process(_actor=None) -> tuple[int, str]:
+    """(node index, Ray node id) of the calling process (an actor asked through ``__ray_call__``)."""
     return int(os.environ.get(NODE_ENV, "0")), ray.get_runtime_context().get_node_id()
 
 
@@ -84,7 +85,7 @@ class CellPlacer:
 
     def log_placement(self, cell) -> None:
         """Ask each rank of a just-allocated cell where it runs; log it (and complain if not where planned)."""
-        where = ray.get([a.__ray_call__.remote(_node_of_this_process) for a in cell.actors])
+        where = ray.get([a.__ray_call__.remote(node_of_this_process) for a in cell.actors])
         nodes = [n for n, _ in where]
         planned = list(self.placement.rank_nodes[cell.index])
         self.events.log(CellPlacementEvent(cell_index=cell.index, incarnation=cell.incarnation, rank_nodes=nodes,

@@ -19,6 +19,15 @@ engines and router, owned by the side's parent process (the target's driver, the
    the checksums of what the trainer holds, so an engine left with stale weights shows.
 5. ``evaluate_task`` (with a task): the engines answer the task's eval set greedily; the accuracy
    is the metric ``eval/<task>``.
+
+Multi-node jobs put the engines on rollout nodes of their own (``ftexp.placement``); the router
+stays on the head (node 0), beside the process that generates through it. The target's driver pins
+each engine actor to its rollout node in the job's Ray cluster and logs where each one runs (an
+``EnginePlacementEvent``). The baseline has no cluster: each rollout node's task starts its node's
+engines in a private Ray instance (``ftexp.trainer.baseline``) and publishes their URLs in the side's
+``cluster/`` files; the head starts the router over all of them (``SideEngines.start_router``).
+Engines serve on their node's address and the weight sender listens on its own toward them, so the
+weight-update group spans the nodes (all of it on 127.0.0.1 on a loopback cluster).
 """
 
 from __future__ import annotations
@@ -30,13 +39,16 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+import ray
 from torch.distributed import Store
 
-from ftexp.audit.events import EventLogger, InferenceEngineWeightChecksumEvent, RolloutInjectedEvent
+from ftexp.audit.events import (EnginePlacementEvent, EventLogger, InferenceEngineWeightChecksumEvent,
+                                RolloutInjectedEvent)
 from ftexp.config import RolloutBackend
 from ftexp.engines.base import Replica
 from ftexp.engines.registry import get_engine
 from ftexp.job import JobSpec
+from ftexp.placement import node_resource
 from ftexp.rollout.client import EngineClient
 from ftexp.rollout.engine import EngineGroup, EngineGroupConfig
 from ftexp.rollout.live import check_injection, evaluate, generate_live_rollout
@@ -49,6 +61,7 @@ from ftexp.rollout.tokenizer import write_ascii_tokenizer
 from ftexp.rollout.weight_sync import WeightSender, engine_checksums, tensor_checksums
 from ftexp.rundir import rollout_path
 from ftexp.tasks.base import Task, policy_tokenizer
+from ftexp.trainer.nodes import node_of_this_process
 
 log = logging.getLogger(__name__)
 # A sender that dies mid-update (its cell crashed) leaves every engine waiting on its weight-update
@@ -67,34 +80,70 @@ class EngineAddresses:
 
 
 class SideEngines:
-    """The engines and router of one side, owned by the process that starts them."""
+    """The engines and router of one side, owned by the process that starts them.
 
-    def __init__(self, spec: JobSpec):
-        self.spec = spec
+    ``events``: where the target logs each engine's placement when its engines are pinned to rollout nodes.
+    """
+
+    def __init__(self, spec: JobSpec, events: EventLogger | None = None):
+        self.spec, self.events = spec, events
         self.engines: EngineGroup | None = None
         self.sglang_servers: list[SglangServer] = []
         self.router: Router | None = None
 
     def start(self) -> EngineAddresses:
-        rollout = self.spec.trainer.rollout
-        if self.spec.mode.hf_checkpoint:  # its config, weights and tokenizer: served as they are
-            model_dir = Path(self.spec.mode.hf_checkpoint).resolve()
+        """Every engine of the side (on its rollout node, in a multi-node job's Ray cluster), then the router."""
+        self.write_model_dir()
+        placement = self.spec.placement
+        engine_nodes = placement.engine_nodes if placement is not None else ()
+        if self.spec.trainer.rollout.backend == RolloutBackend.cpu:
+            urls = self.start_engines(self.spec.mode.rollout_num_engines, engine_nodes)
+            if engine_nodes:
+                self._log_placement(engine_nodes, urls)
+        else:
+            urls = self._start_sglang(self.model_dir)
+        return self.start_router(urls)
+
+    @property
+    def model_dir(self) -> Path:
+        """The directory the engines serve and the router tokenizes with: an HF checkpoint's, or the side's own."""
+        if self.spec.mode.hf_checkpoint:
+            return Path(self.spec.mode.hf_checkpoint).resolve()
+        return self.spec.side_dir.engine_model
+
+    def write_model_dir(self) -> None:
+        """The policy's HF config and tokenizer into the side's model dir (a checkpoint is served as it is)."""
+        if self.spec.mode.hf_checkpoint:
             (self.spec.side_dir.root / "engines").mkdir(parents=True, exist_ok=True)  # for the logs
-        else:
-            model_dir = self.spec.side_dir.engine_model
-            get_engine(self.spec.trainer.engine).write_hf_model_dir(self.spec.mode, model_dir)
-            write_ascii_tokenizer(model_dir)
-        if rollout.backend == RolloutBackend.cpu:
-            server = ServerConfig(model_path=str(model_dir), weight_group_timeout_s=ENGINE_GROUP_TIMEOUT_S)
-            self.engines = EngineGroup(server, EngineGroupConfig(self.spec.mode.rollout_num_engines,
-                                                                 start_timeout_s=rollout.engine_start_timeout_s))
-            urls = self.engines.start()
-        else:
-            urls = self._start_sglang(model_dir)
+            return
+        get_engine(self.spec.trainer.engine).write_hf_model_dir(self.spec.mode, self.model_dir)
+        write_ascii_tokenizer(self.model_dir)
+
+    def start_engines(self, count: int, nodes: tuple[int, ...] = ()) -> list[str]:
+        """``count`` CPU engine actors, engine i pinned to node ``nodes[i]`` (none: anywhere); their URLs."""
+        server = ServerConfig(model_path=str(self.model_dir), weight_group_timeout_s=ENGINE_GROUP_TIMEOUT_S)
+        timeout_s = self.spec.trainer.rollout.engine_start_timeout_s
+        self.engines = EngineGroup(server, EngineGroupConfig(count, start_timeout_s=timeout_s,
+                                                             node_resources=tuple(node_resource(n) for n in nodes)))
+        return self.engines.start()
+
+    def start_router(self, urls: list[str]) -> EngineAddresses:
+        """The sglang router on this node, over every engine's URL."""
         self.router = Router(log_path=self.spec.side_dir.root / "engines" / "router.log")
-        router_url = self.router.start(urls, tokenizer_path=model_dir)
+        router_url = self.router.start(urls, tokenizer_path=self.model_dir)
         log.info("%d rollout engines %s behind the sglang router %s", len(urls), urls, router_url)
         return EngineAddresses(router_url=router_url, engine_urls=tuple(urls))
+
+    def _log_placement(self, planned: tuple[int, ...], urls: list[str]) -> None:
+        """Ask each engine where it runs; one event per engine (and a complaint if it is not where planned)."""
+        where = ray.get([a.__ray_call__.remote(node_of_this_process) for a in self.engines.actors], timeout=60)
+        for index, ((node, ray_node_id), url) in enumerate(zip(where, urls)):
+            if self.events is not None:
+                self.events.log(EnginePlacementEvent(engine_index=index, node=node, planned_node=planned[index],
+                                                     url=url, ray_node_id=ray_node_id))
+            if node != planned[index]:
+                log.error("rollout engine %d runs on node %d, planned %d", index, node, planned[index])
+        log.info("rollout engines on nodes %s", [node for node, _ in where])
 
     def _start_sglang(self, model_dir: Path) -> list[str]:
         """One real sglang server per engine on its own GPUs; dummy weights until the first push."""

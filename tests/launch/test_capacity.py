@@ -1,5 +1,7 @@
 """What a cluster cannot give a mode is refused at launch, every reason in one line."""
 
+import re
+
 import pytest
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
@@ -15,18 +17,23 @@ def _cfg(*overrides: str) -> ExperimentConfig:
         return OmegaConf.to_object(compose(config_name="config", overrides=list(overrides)))
 
 
-@pytest.mark.parametrize("nodes, message", [
-    (2, "needs 4 train nodes (launcher=slurm has 2); and 2 rollout engines on 2 rollout nodes"),
-    (6, "needs 2 rollout engines on 2 rollout nodes (live engines run beside the trainer on one node; placing them "
-        "on nodes of their own is not built yet); and expert-TP 2"),
-])
-def test_the_six_node_mode_names_every_remaining_reason(monkeypatch, nodes, message):
-    monkeypatch.setattr(capacity, "available_nodes", lambda cfg: nodes)
-    with pytest.raises(InputError, match=message.replace("(", r"\(").replace(")", r"\)")):
+def test_the_six_node_mode_needs_4_train_and_2_rollout_nodes(monkeypatch):
+    monkeypatch.setattr(capacity, "available_nodes", lambda cfg: 2)
+    with pytest.raises(InputError, match=re.escape("needs 6 nodes, 4 train + 2 rollout (launcher=slurm has 2)")):
         capacity.check_capacity(_cfg("mode=6node_dp4_cp2_tp2_pp2_ep2_etp2", "launcher=slurm"))
-    if nodes >= 4:  # without rollout engines and expert-TP its 4 cells of 8 ranks fit 4 nodes, one cell each
-        capacity.check_capacity(_cfg("mode=6node_dp4_cp2_tp2_pp2_ep2_etp2", "launcher=slurm", "mode.etp=1",
-                                     "mode.rollout_num_engines=0"))
+    monkeypatch.setattr(capacity, "available_nodes", lambda cfg: 6)
+    # its 4 cells of 8 ranks fit 4 train nodes, one cell each, its 2 engines of 8 GPUs 2 rollout nodes
+    capacity.check_capacity(_cfg("mode=6node_dp4_cp2_tp2_pp2_ep2_etp2", "launcher=slurm", "mode.etp=1"))
+
+
+def test_live_engines_get_rollout_nodes_of_their_own(monkeypatch):
+    monkeypatch.setattr(capacity, "available_nodes", lambda cfg: 2)
+    capacity.check_capacity(_cfg("mode=dp2_cp2_real_rollout_dense", "launcher=slurm", "launcher.nodes=2"))
+    with pytest.raises(InputError, match="needs 3 nodes, 2 train . 1 rollout .launcher=slurm has 2."):
+        capacity.check_capacity(_cfg("mode=dp2_cp2_real_rollout_dense", "launcher=slurm", "launcher.nodes=3"))
+    with pytest.raises(InputError, match="rollout.backend=sglang engines on rollout nodes"):
+        capacity.check_capacity(_cfg("mode=dp2_cp2_real_rollout_dense", "launcher=slurm", "launcher.nodes=2",
+                                     "trainer.rollout.backend=sglang"))
 
 
 def test_cells_that_do_not_fit_the_nodes_are_refused(monkeypatch):

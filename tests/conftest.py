@@ -16,12 +16,12 @@ from pathlib import PurePosixPath
 
 from xdist.scheduler import LoadFileScheduling
 
-GROUPS = {"test_slurm.py": "slurm", "test_multinode.py": "slurm",
+GROUPS = {"test_slurm.py": "slurm", "test_multinode.py": "slurm", "test_multinode_engines.py": "slurm",
           "test_real_rollout.py": "live_engines", "test_realistic.py": "live_engines",
           "test_realistic_gsm8k.py": "live_engines"}
 LONGEST_FIRST = ["test_real_rollout.py", "test_realistic.py", "test_realistic_gsm8k.py", "test_scenarios.py",
-                 "test_megatron_scenarios.py", "test_multinode.py", "test_slurm.py", "test_soak.py", "test_launch.py",
-                 "test_bad_input_battery.py"]
+                 "test_megatron_scenarios.py", "test_multinode.py", "test_multinode_engines.py", "test_slurm.py",
+                 "test_soak.py", "test_launch.py", "test_bad_input_battery.py"]
 
 
 class FileScheduling(LoadFileScheduling):

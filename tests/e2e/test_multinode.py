@@ -67,19 +67,15 @@ def _events(events_dir: Path, kind: str) -> list[dict]:
             if ln.strip() and (e := json.loads(ln))["type"] == kind]
 
 
-@pytest.mark.parametrize("how", ["ray", "slurm"])
-def test_a_node_fault_on_two_nodes_shrinks_its_cells_together_heals_them_and_stays_on_loopback(tmp_path, how):
-    """how=ray: node 1's Ray node is killed and its Slurm task brings a fresh one back; how=slurm: Slurm node n2 is
-    set down, Slurm ends the job's task there, and a replacement node comes as a one-node job of its own."""
-    mark, run_dir = uuid.uuid4().hex, tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "ftexp", "mode=dp4", "scenario=node_failure", "launcher=slurm",
-                             "launcher.nodes=2", f"launcher.timeout_min={TIMEOUT_MIN}", f"hydra.run.dir={run_dir}",
-                             f"scenario.phases.0.target_actions.0.how={how}"],
-                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, MARK: mark, "PYTHONUNBUFFERED": "1"})
+def run_watched(cwd: Path, *overrides: str, timeout_s: float = 1200) -> tuple[int, str, dict[str, int], list[str]]:
+    """``python -m ftexp overrides`` while a probe watches the sockets of every process of the run, on every node:
+    (exit code, output, sockets seen per Slurm node name, the sockets off loopback)."""
+    mark = uuid.uuid4().hex
+    proc = subprocess.Popen([sys.executable, "-m", "ftexp", *overrides], cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env={**os.environ, MARK: mark, "PYTHONUNBUFFERED": "1"})
     seen_nodes: dict[str, int] = {}
     bad: list[str] = []
-    deadline = time.monotonic() + 1200
+    deadline = time.monotonic() + timeout_s
     while proc.poll() is None and time.monotonic() < deadline:
         marked = _marked(mark)
         out = subprocess.run(["ss", "-tanpH"], capture_output=True, text=True).stdout
@@ -92,7 +88,18 @@ def test_a_node_fault_on_two_nodes_shrinks_its_cells_together_heals_them_and_sta
     if proc.poll() is None:
         proc.kill()
     output = proc.communicate()[0]
-    assert proc.returncode == 0, output[-4000:]
+    return proc.returncode, output, seen_nodes, bad
+
+
+@pytest.mark.parametrize("how", ["ray", "slurm"])
+def test_a_node_fault_on_two_nodes_shrinks_its_cells_together_heals_them_and_stays_on_loopback(tmp_path, how):
+    """how=ray: node 1's Ray node is killed and its Slurm task brings a fresh one back; how=slurm: Slurm node n2 is
+    set down, Slurm ends the job's task there, and a replacement node comes as a one-node job of its own."""
+    run_dir = tmp_path / "run"
+    returncode, output, seen_nodes, bad = run_watched(
+        tmp_path, "mode=dp4", "scenario=node_failure", "launcher=slurm", "launcher.nodes=2",
+        f"launcher.timeout_min={TIMEOUT_MIN}", f"hydra.run.dir={run_dir}", f"scenario.phases.0.target_actions.0.how={how}")
+    assert returncode == 0, output[-4000:]
     assert (run_dir / "report.md").read_text().startswith("# ftexp verdict: PASSED")
     # every node of the job had sockets, and none of them left loopback
     assert len([n for n in seen_nodes if n]) >= 2, f"sockets seen per Slurm node: {seen_nodes}"

@@ -102,3 +102,24 @@ def test_one_node_jobs_keep_their_engines_beside_the_trainer_and_a_rollout_node_
     placement = placement_for(_cfg("mode=dp2_cp2_real_rollout_dense", "launcher=slurm", "launcher.nodes=2"))
     with pytest.raises(InputError, match="node 1 holds no cell"):
         FaultPlan([TestAction(at_rollout=1, action=KILL, node_index=1)], 2, placement)
+
+
+def test_the_placement_check_fails_an_engine_on_a_train_node_or_one_never_placed(tmp_path):
+    from ftexp.audit.events import CellPlacementEvent, EnginePlacementEvent, EventLogger, ProcessIdentity
+    from ftexp.scenarios.checks import check_placement
+
+    placement = Placement.build(num_cells=2, ranks_per_cell=1, nodes=1).with_engines(2, 1, 4)
+
+    def check(engine_nodes: list[int]):
+        events = tmp_path / f"events_{'_'.join(map(str, engine_nodes))}"
+        log = EventLogger(events, ProcessIdentity(component="main"))
+        for cell in (0, 1):
+            log.log(CellPlacementEvent(cell_index=cell, incarnation=1, rank_nodes=[0], planned_rank_nodes=[0]))
+        for index, node in enumerate(engine_nodes):
+            log.log(EnginePlacementEvent(engine_index=index, node=node, planned_node=1, url="http://127.0.0.1:1"))
+        return check_placement(events, placement, "placement")
+
+    planned, on_train_node, unplaced = check([1, 1]), check([1, 0]), check([1])
+    assert planned.passed and "node 0: cells [0, 1], node 1: engines [0, 1]" in planned.summary
+    assert not on_train_node.passed and "engine 1 on node 0, planned 1" in on_train_node.summary
+    assert not unplaced.passed and "no placement event for engines [1]" in unplaced.summary

@@ -1,6 +1,6 @@
 """Can this cluster run the mode? Checked at launch, after the config is valid, before any job starts.
 
-A mode names what it needs (train nodes, rollout engines, expert-TP); a local launcher is one
+A mode names what it needs (train nodes, rollout engines); a local launcher is one
 node, a Slurm launcher has the nodes ``sinfo`` reports, and a multi-node job's cells must fit its
 train nodes, its rollout engines getting nodes of their own (``ftexp.placement``). What cannot run
 here is refused with one line (exit 2) naming every reason, instead of failing deep inside a rank.
@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-
-import torch
 
 from ftexp.config import ExperimentConfig, LauncherKind, RolloutBackend
 from ftexp.errors import InputError
@@ -54,8 +52,5 @@ def check_capacity(cfg: ExperimentConfig) -> None:
                            f"servers start beside the driver; starting them on rollout nodes is not built yet)")
         if mode.colocate:
             reasons.append("rollout engines colocated with the trainer (offloading between them is not built yet)")
-    if mode.etp > 1 and not torch.cuda.is_available():
-        reasons.append(f"expert-TP {mode.etp}, which needs unevenly sized all-gathers that gloo cannot do on CPU "
-                       f"(set mode.etp=1)")
     if reasons:
         raise InputError(f"mode {mode.name} needs " + "; and ".join(reasons))

@@ -116,18 +116,22 @@ class JobProcesses:
         self.refresh()
 
     def refresh(self) -> None:
-        roots = list(self._known.values())
-        try:
-            roots.append(psutil.Process(self.root_pid))
-        except psutil.Error:
-            pass
-        for root in roots:
-            try:
-                found = [root, *root.children(recursive=True)]
-            except psutil.Error:
-                continue
-            for proc in found:
-                self._known.setdefault(proc.pid, proc)
+        """Add every descendant of the controller and of every process already known.
+
+        One pass over the machine's process table per call (``Process.children`` would make one per
+        root, and a job has dozens of processes)."""
+        children: dict[int, list[psutil.Process]] = {}
+        for proc in psutil.process_iter(["ppid"]):
+            children.setdefault(proc.info["ppid"], []).append(proc)
+        pending = [self.root_pid, *self._known]
+        while pending:
+            for child in children.get(pending.pop(), []):
+                if child.pid not in self._known:
+                    self._known[child.pid] = child
+                    pending.append(child.pid)
+        if self.root_pid not in self._known:
+            with contextlib.suppress(psutil.Error):
+                self._known[self.root_pid] = psutil.Process(self.root_pid)
 
     def _with_token(self) -> list[psutil.Process]:
         me = os.getpid()

@@ -86,7 +86,7 @@ class ModeConfig:
     sequence_parallel: bool = False
     decoder_first_pipeline_num_layers: Optional[int] = None
     decoder_last_pipeline_num_layers: Optional[int] = None
-    nodes: int = 1
+    nodes: int = 1                    # train nodes; a multi-node job adds rollout nodes for live engines
     train_gpus_per_node: int = 0      # 0: a CPU mode
     # Ranks a node holds on CPU (multi-node placement); 0: the ranks spread evenly over the job's nodes.
     train_cpus_per_node: int = 0
@@ -328,7 +328,7 @@ class LauncherConfig:
     # Slurm only (sbatch options); additional_parameters holds any other sbatch option.
     partition: Optional[str] = None
     account: Optional[str] = None
-    nodes: int = 1                        # > 1: one Ray cluster across the job's nodes (see RayClusterConfig)
+    nodes: int = 1                        # > 1: one Ray cluster across the job's nodes, train + rollout (ftexp.placement)
     ray: RayClusterConfig = field(default_factory=RayClusterConfig)
     cpus_per_task: Optional[int] = None
     gpus_per_node: Optional[int] = None

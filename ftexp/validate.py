@@ -130,6 +130,8 @@ def validate_task(cfg: ExperimentConfig, scenario: Scenario) -> None:
                   for p in built.warmup_problems(0, 64, cfg.seed)), default=0)
     if max(prompt + task.max_response_tokens, warmup if task.warmup.steps else 0) > preset.seq_length:
         raise InputError(f"task={task.name.value}: prompts of up to {prompt} tokens + task.max_response_tokens="
+                         f"{task.max_response_tokens} (warm-up examples up to {warmup}) exceed the {preset.seq_length}-token "
+                         f"context of mode {cfg.mode.name}'s model ({cfg.mode.hf_checkpoint or cfg.mode.model_preset})")
     cache = task.warmup.cache_dir
     if cache is not None and task.warmup.steps:
         _check_writable_dir(Path(cache), "task.warmup.cache_dir")
@@ -142,8 +144,6 @@ def _check_writable_dir(path: Path, setting: str) -> None:
         raise InputError(f"{setting}={path}: {existing} is not a directory")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise InputError(f"{setting}={path}: {existing} is not writable")
-                         f"{task.max_response_tokens} (warm-up examples up to {warmup}) exceed the {preset.seq_length}-token "
-                         f"context of mode {cfg.mode.name}'s model ({cfg.mode.hf_checkpoint or cfg.mode.model_preset})")
 
 
 def validate(cfg: ExperimentConfig) -> None:

@@ -271,13 +271,13 @@ class WarmupConfig:
     steps: int = 0                 # 0: none (GRPO from the initial weights)
     batch_size: int = 64           # problems per step
     lr: float = 1e-3               # the optimizer's learning rate during the warm-up (trainer.lr after it)
+    # A directory kept across runs: each warmed-up state is stored there under a hash of everything it
+    # depends on, and a run with the same settings loads it instead of warming up. None: no cache.
+    cache_dir: Optional[str] = None
 
 
 @dataclass
 class TaskConfig:
-    # A directory kept across runs: each warmed-up state is stored there under a hash of everything it
-    # depends on, and a run with the same settings loads it instead of warming up. None: no cache.
-    cache_dir: Optional[str] = None
     """A task with verifiable rewards for live rollouts, and its eval accuracy ``eval/<name>``."""
 
     name: TaskName = TaskName.none

@@ -36,9 +36,9 @@ from ftexp_runner import run_ftexp
     (["trainer.audit=false", "trainer.enable_witness=true"], "needs trainer.audit=true"),
     (["trainer.spare_cells=-1"], "trainer.spare_cells=-1: the number of warm spare cells must be >= 0"),
     (["trainer.spare_cells=1", "launcher=slurm", "launcher.nodes=2"], "trainer.spare_cells=1 needs a one-node job"),
+    (["trainer.checksum=md5"], "trainer.checksum"),
     (["scenario=realistic", "task.warmup.cache_dir=/etc/passwd/warmup"], "task.warmup.cache_dir=/etc/passwd/warmup: "
      "/etc/passwd is not a directory"),
-    (["trainer.checksum=md5"], "trainer.checksum"),
     (["scenario=with_failure", "scenario.phases.1.target_actions=[{at_rollout:1,action:boom}]"], "Invalid value 'boom'"),
     (["scenario=with_failure", "scenario.phases.1.target_actions=[{at_rollout:1,action:stop_cell_at_end,colour:red}]"],
      "scenario.phases.1.target_actions"),

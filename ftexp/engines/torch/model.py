@@ -116,11 +116,11 @@ def build_model(cfg: ModelConfig, witness_buffer_size: int | None = None) -> Tin
     With ``witness_buffer_size`` it also holds the two witnesses, zero-initialised; they draw
     nothing from the generator, so the policy's weights are the same with or without them.
     """
-    # Constructing on the meta device skips nn.Linear's default init, which would draw from
-    # the global RNG; every parameter is then filled from the local seeded generator.
-    with torch.device("meta"):
+    # The modules' default init draws from the global RNG: fork it, so building a model leaves the
+    # process's RNG as it was; every parameter is then filled from the local seeded generator.
+    # (Not the meta device: its init path imports torch's compiler stack, a second of CPU per process.)
+    with torch.random.fork_rng(devices=[]):
         model = TinyGPT(cfg, witness_buffer_size)
-    model.to_empty(device="cpu")
     generator = torch.Generator().manual_seed(cfg.seed)
     with torch.no_grad():
         for module in model.modules():

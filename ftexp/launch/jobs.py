@@ -106,6 +106,22 @@ def _token_of(proc: psutil.Process) -> str | None:
         return None
 
 
+def _children_by_parent() -> dict[int, list[int]]:
+    """Parent PID -> child PIDs, from one read of every ``/proc/<pid>/stat``."""
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so split after the last ")".
+                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # the process ended meanwhile
+        children.setdefault(ppid, []).append(int(entry.name))
+    return children
+
+
 class JobProcesses:
     """Every process of one local job, by PID: its controller's tree as seen while it ran, plus
     any process that carries the job's environment token."""
@@ -120,15 +136,14 @@ class JobProcesses:
 
         One pass over the machine's process table per call (``Process.children`` would make one per
         root, and a job has dozens of processes)."""
-        children: dict[int, list[psutil.Process]] = {}
-        for proc in psutil.process_iter(["ppid"]):
-            children.setdefault(proc.info["ppid"], []).append(proc)
+        children = _children_by_parent()
         pending = [self.root_pid, *self._known]
         while pending:
-            for child in children.get(pending.pop(), []):
-                if child.pid not in self._known:
-                    self._known[child.pid] = child
-                    pending.append(child.pid)
+            for pid in children.get(pending.pop(), []):
+                if pid not in self._known:
+                    with contextlib.suppress(psutil.Error):
+                        self._known[pid] = psutil.Process(pid)
+                        pending.append(pid)
         if self.root_pid not in self._known:
             with contextlib.suppress(psutil.Error):
                 self._known[self.root_pid] = psutil.Process(self.root_pid)

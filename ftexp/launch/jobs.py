@@ -35,6 +35,7 @@ from pathlib import Path
 import ray  # noqa: F401  (Ray ships psutil in its thirdparty_files and puts that on sys.path)
 import psutil  # noqa: E402
 import submitit
+import torch
 
 from ftexp.config import LauncherKind
 from ftexp.errors import InputError, Interrupted, interrupt_signal, one_line
@@ -226,6 +227,7 @@ def train_side(spec: JobSpec) -> str:
     logging.basicConfig(level=logging.INFO, stream=sys.stdout, force=True,
                         format="[%(asctime)s] %(name)s: %(message)s", datefmt="%H:%M:%S")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per control-API poll otherwise
+    torch.set_num_threads(1)  # the job orchestrates; the ranks it starts set their own threads
     log.info("training %s%s: rollouts %s", spec.side, f"/{spec.phase}" if spec.phase else "", list(spec.rollout_ids()))
     if spec.nodes > 1:  # this is one of the job's tasks, one per node
         run_on_node(spec)

@@ -10,11 +10,17 @@ negative controls copy) are made once. Two groups of files share one worker each
 
 The longest files start first (measured on 2 cores), so that the short ones fill in at the end
 instead of one long file running alone.
+
+Each worker computes with one intra-op thread: two workers already fill the two cores, and a
+second thread per worker only spins against the other worker's processes.
 """
 
 from pathlib import PurePosixPath
 
+import torch
 from xdist.scheduler import LoadFileScheduling
+
+torch.set_num_threads(1)
 
 GROUPS = {"test_slurm.py": "slurm", "test_multinode.py": "slurm", "test_multinode_engines.py": "slurm",
           "test_real_rollout.py": "live_engines", "test_realistic.py": "live_engines",

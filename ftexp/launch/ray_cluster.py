@@ -33,6 +33,7 @@ import psutil  # noqa: E402  (Ray's thirdparty_files, on sys.path once ray is im
 
 from ftexp.faults.nodes import NodeFiles
 from ftexp.placement import node_resource
+from ftexp.trainer.driver import start_local_ray
 from ftexp.trainer.nodes import NODE_ENV, ClusterError, wait_for_nodes  # noqa: F401  (re-exported)
 
 log = logging.getLogger(__name__)
@@ -90,8 +91,7 @@ def start_head(files: NodeFiles, ip: str, num_cpus: int) -> str:
     """Start this process's Ray head (node 0) and publish its GCS address; returns it."""
     os.environ[NODE_ENV] = "0"
     t0 = time.monotonic()
-    ray.init(address="local", _node_ip_address=ip, include_dashboard=False, num_cpus=num_cpus,
-             resources={node_resource(0): NODE_SLOTS}, log_to_driver=True, configure_logging=False)
+    start_local_ray(num_cpus, node_ip=ip, resources={node_resource(0): NODE_SLOTS})
     address = ray.get_runtime_context().gcs_address
     files.publish("head", {"gcs_address": address, "ip": ip})
     log.info("ray head (node 0) up at %s in %.1f s", address, time.monotonic() - t0)

@@ -25,11 +25,8 @@ class SparePool:
     def __init__(self, size: int, make_spare: Callable[[int], list[Any]]):
         # make_spare(spare number) -> one replica's rank actors; the number keeps each spare's world apart
         self.size, self.make_spare = size, make_spare
-        self.started = 0  # spares made so far; the next one's number
+        self.started = 0  # spares made so far (the last one's number)
         self._spares: list[tuple[list[Any], list[ray.ObjectRef]]] = []  # (ranks, their lifeline calls)
-
-    def __len__(self) -> int:
-        return len(self._spares)
 
     def fill(self) -> None:
         """Start spares until the pool holds ``size`` (returns at once: the ranks build in the background)."""

@@ -9,7 +9,8 @@ cells): compute (forward/backward/optimizer), cross-cell reduce, weight checksum
 bookkeeping, event writes, the driver's analyzer, and the rest of the driver's round trip (Ray
 calls, refresh). ``--heal`` adds ``with_failure`` runs per mode, without and with one warm spare
 (``trainer.spare_cells=1``): crash → detect → shrink, and the heal's start request → allocate →
-configure → transfer → first commit.
+configure → transfer → first commit, and the transfer's rate over a raw loopback socket copy of
+the same bytes (``loopback_copy.py``).
 ``--large`` trains a torch model big enough that a step takes about a second on a 2-core CPU,
 so fixed costs and per-byte costs show apart. Everything of one invocation runs on the same
 machine; results go to ``bench/results/<name>.json`` and ``.md`` (``latest.md`` too).
@@ -30,6 +31,8 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
+
+from loopback_copy import loopback_bytes_per_s
 
 RESULTS = Path(__file__).parent / "results"
 # A torch model whose step takes ~1 s on 2 cores (measured with the default rollout of 256 samples).
@@ -147,7 +150,9 @@ def heal_row(mode: str, spare_cells: int, overrides: list[str]) -> dict:
                 "allocate_s": heal.get("allocate_s"), "configure_s": heal.get("configure_s"),
                 "transfer_s": heal.get("transfer_s"), "heal_first_commit_s": heal["first_commit_s"],
                 "start_to_commit_s": heal.get("start_to_commit_s"), "fault_to_commit_s": heal.get("fault_to_commit_s"),
-                "heal_bytes": heal["bytes"], "heal_bytes_per_s": heal.get("heal_bytes_per_s")}
+                "heal_bytes": heal["bytes"], "heal_bytes_per_s": heal.get("heal_bytes_per_s"),
+                "transfer_vs_loopback": (heal["heal_bytes_per_s"] / loopback_bytes_per_s(heal["bytes"])
+                                         if heal.get("heal_bytes_per_s") else None)}
 
 
 def fmt(value) -> str:
@@ -169,7 +174,8 @@ def markdown(steps: list[dict], heals: list[dict], when: str) -> str:
         lines += ["", "Crash → shrink → heal (`scenario=with_failure`), seconds. `detection_s`: the crash → the "
                   "shrink; `allocate_s` … `heal_first_commit_s`: the heal's steps; `start_to_commit_s`: the cell's "
                   "restart request → its first commit; `fault_to_commit_s`: the crash → the first commit with every "
-                  "cell back (this plan restarts the cell only after the shrunk rollout committed):", "",
+                  "cell back (this plan restarts the cell only after the shrunk rollout committed); `transfer_vs_loopback`: "
+                  "the heal's bytes/s over a raw loopback socket copy of the same bytes:", "",
                   "| " + " | ".join(hcols) + " |", "|" + "---|" * len(hcols)]
         lines += ["| " + " | ".join(fmt(r[c]) for c in hcols) + " |" for r in heals]
     return "\n".join(lines) + "\n"

@@ -167,7 +167,8 @@ def validate(cfg: ExperimentConfig) -> None:
         raise InputError(f"trainer.spare_cells={cfg.trainer.spare_cells}: the number of warm spare cells must be >= 0")
     if cfg.trainer.spare_cells and cfg.launcher.nodes > 1:
         raise InputError(f"trainer.spare_cells={cfg.trainer.spare_cells} needs a one-node job (launcher.nodes=1): "
-                         f"on several nodes every cell is pinned to its node, and spares are not placed")
+                         f"on several nodes every cell is pinned to its node, and spares are not placed "
+                         f"(set trainer.spare_cells=0)")
     if cfg.trainer.witness_on and cfg.trainer.witness_buffer_size < samples:
         raise InputError(f"trainer.witness_buffer_size={cfg.trainer.witness_buffer_size} is smaller than the "
                          f"{samples} samples of a rollout: raise it (or set trainer.enable_witness=false)")

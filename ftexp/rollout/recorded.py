@@ -14,7 +14,9 @@ import dataclasses
 import enum
 import hashlib
 import os
+import pickle
 import tempfile
+import types
 from pathlib import Path
 from typing import Any
 
@@ -96,14 +98,29 @@ def save_rollout(batch: dict[str, Any], path: str | Path) -> None:
         raise
 
 
+class _PlainDataUnpickler(pickle.Unpickler):
+    """Python's C unpickler that refuses every global: the file holds plain containers and numbers only.
+
+    As safe as ``torch.load(weights_only=True)`` for such a file, and ten times faster (torch's
+    weights-only unpickler is pure Python: 30 ms of CPU per default rollout, more than its step).
+    """
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"a rollout file holds plain data only, not {module}.{name}")
+
+
+# What torch.load needs of a pickle module (``load``: the legacy, non-zip format).
+_PLAIN_DATA_PICKLE = types.SimpleNamespace(Unpickler=_PlainDataUnpickler, __name__="plain_data_pickle",
+                                           load=lambda f, **kw: _PlainDataUnpickler(f, **kw).load())
+
+
 def load_rollout(path: str | Path, expected_rollout_id: int | None = None) -> dict[str, Any]:
     """Load and validate a rollout file; any problem is an InputError naming the file."""
     path = Path(path)
     if not path.is_file():
         raise RunDirError(f"rollout file not found: {path}")
     try:
-        # weights_only: the file holds plain containers and numbers, never arbitrary objects.
-        batch = torch.load(path, weights_only=True)
+        batch = torch.load(path, weights_only=False, pickle_module=_PLAIN_DATA_PICKLE)
     except Exception as exc:  # torch raises several unrelated types for a damaged file
         raise file_error(path, exc, "rollout file") from exc
     problem = _batch_problem(batch, expected_rollout_id)

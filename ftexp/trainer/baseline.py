@@ -96,9 +96,9 @@ def _rank_main(spec: JobSpec, rank: int, world_size: int, store_port: int, witne
             if rank == 0:
                 write_rollout(spec, engines, rollout_id, events)
             dist.barrier()
+        started = time.monotonic()  # like the target's step, which loads the rollout in its ranks
         rollout = load_rollout(rollout_path(spec.data_dir, rollout_id), expected_rollout_id=rollout_id)
         dump = (lambda: replica.dump(spec.side_dir.dump_leaf(rollout_id))) if dp_rank == 0 else (lambda: None)
-        started = time.monotonic()
         witness = allocator.allocate(len(rollout["samples"])) if allocator is not None else None
         if witness is not None and rank == 0:
             events.log(allocation_event(rollout_id, 0, witness, allocator.counter))

@@ -113,3 +113,17 @@ def test_load_rejects_non_dict(tmp_path):
     torch.save([1, 2, 3], path)
     with pytest.raises(InputError, match="expected a dict"):
         load_rollout(path)
+
+
+class _RunsCodeWhenUnpickled:
+    def __reduce__(self):
+        return (print, ("unpickling ran code",))
+
+
+@pytest.mark.parametrize("payload", [torch.zeros(2), _RunsCodeWhenUnpickled()], ids=["tensor", "callable"])
+def test_load_refuses_anything_but_plain_data(rollout, tmp_path, payload, capsys):
+    path = tmp_path / "0.pt"
+    torch.save({**rollout, "extra": payload}, path)
+    with pytest.raises(InputError, match="plain data only"):
+        load_rollout(path)
+    assert "unpickling ran code" not in capsys.readouterr().out

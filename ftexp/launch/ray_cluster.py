@@ -23,9 +23,11 @@ import ipaddress
 import logging
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import ray
@@ -107,15 +109,22 @@ class WorkerNode:
     def __init__(self, index: int, gcs_address: str, ip: str, num_cpus: int):
         self.index, self.gcs_address, self.ip, self.num_cpus = index, gcs_address, ip, num_cpus
         self.node = None
+        self.socket_dir = None
 
     def start(self) -> None:
         from ray._private.node import Node
         from ray._private.parameter import RayParams
 
         os.environ[NODE_ENV] = str(self.index)  # the raylet and every worker it starts inherit it
+        # Nodes on one machine share the session's sockets directory, where Ray names a node's plasma and
+        # raylet sockets by the first index not yet bound: nodes starting together pick the same names and
+        # all but one fail to bind (seen with 5 worker nodes). Each node start gets sockets of its own.
+        self.socket_dir = tempfile.mkdtemp(prefix=f"ftexp-ray-node{self.index}-")
         params = RayParams(gcs_address=self.gcs_address, node_ip_address=self.ip, num_cpus=self.num_cpus,
                            resources={node_resource(self.index): NODE_SLOTS}, node_manager_port=0,
                            min_worker_port=0, max_worker_port=0, object_store_memory=100 * 1024 * 1024,
+                           plasma_store_socket_name=os.path.join(self.socket_dir, "plasma_store"),
+                           raylet_socket_name=os.path.join(self.socket_dir, "raylet"),
                            # nodes sharing one machine share one session dir: one log monitor (the head's)
                            include_log_monitor=self.ip != LOOPBACK)
         params.dashboard_agent_listen_port = None  # a free port: several nodes may share the machine
@@ -154,6 +163,7 @@ class WorkerNode:
         psutil.wait_procs(workers, timeout=5)
         killed = len(workers) + sum(len(v) for v in self.node.all_processes.values())
         self.node = None
+        shutil.rmtree(self.socket_dir, ignore_errors=True)
         return killed
 
 

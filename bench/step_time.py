@@ -7,10 +7,13 @@ of a committed rollout on each side (rollout 0 is warm-up and skipped), their ra
 target step's breakdown as its ranks and driver measured it (medians over rollouts, max over
 cells): compute (forward/backward/optimizer), cross-cell reduce, weight checksums, witness
 bookkeeping, event writes, the driver's analyzer, and the rest of the driver's round trip (Ray
-calls, refresh). ``--heal`` adds ``with_failure`` runs per mode, without and with one warm spare
-(``trainer.spare_cells=1``): crash → detect → shrink, and the heal's start request → allocate →
-configure → transfer → first commit, and the transfer's rate over a raw loopback socket copy of
-the same bytes (``loopback_copy.py``).
+calls, refresh). Wall ratios follow the machine's load, which on a shared machine changes between
+the baseline's rollouts and the target's; so each side's CPU seconds per committed rollout are
+reported too (its ranks' processes, plus the target's driver; Ray's own daemons not counted), with
+their ratio, and the load average at the start of each run. ``--heal`` adds ``with_failure`` runs
+per mode, without and with one warm spare (``trainer.spare_cells=1``): crash → detect → shrink,
+and the heal's start request → allocate → configure → transfer → first commit, and the transfer's
+rate over a raw loopback socket copy of the same bytes (``loopback_copy.py``).
 ``--large`` trains a torch model big enough that a step takes about a second on a 2-core CPU,
 so fixed costs and per-byte costs show apart. Everything of one invocation runs on the same
 machine; results go to ``bench/results/<name>.json`` and ``.md`` (``latest.md`` too).
@@ -25,6 +28,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -112,6 +116,19 @@ def with_breakdown(side_root: Path, rows: list[dict]) -> list[dict]:
     return out
 
 
+def cpu_per_step(side_root: Path, rows: list[dict]) -> float | None:
+    """Median over the committed rollouts of the side's CPU seconds: its ranks' (every rank of the committed
+    attempt, ``step_sections.jsonl``) plus the driver's (``perf.jsonl``, target only)."""
+    sections = [json.loads(ln) for p in sorted(side_root.glob("**/step_sections.jsonl")) for ln in p.read_text().splitlines()]
+    per_step = []
+    for row in rows:
+        ranks = [s for s in sections if s["step"] == row["step"] and "cpu_s" in s]
+        if ranks:
+            last = max(s["attempt"] for s in ranks)
+            per_step.append(sum(s["cpu_s"] for s in ranks if s["attempt"] == last) + row.get("cpu_s", 0.0))
+    return statistics.median(per_step) if per_step else None
+
+
 def run(mode: str, scenario: str, overrides: list[str]) -> tuple[Path, PeakMemory, tempfile.TemporaryDirectory]:
     tmp = tempfile.TemporaryDirectory()
     run_dir = Path(tmp.name) / "run"
@@ -127,13 +144,17 @@ def run(mode: str, scenario: str, overrides: list[str]) -> tuple[Path, PeakMemor
 
 
 def step_row(mode: str, label: str, overrides: list[str]) -> dict:
+    load = os.getloadavg()[0]
     run_dir, memory, tmp = run(mode, "no_failure", overrides)
     with tmp:
         base, targ = perf_rows(run_dir / "baseline"), with_breakdown(run_dir / "target", perf_rows(run_dir / "target"))
-        row = {"mode": mode, "run": label, "baseline_s": median_of(base, "step_time_s"),
+        row = {"mode": mode, "run": label, "load_avg": load, "baseline_s": median_of(base, "step_time_s"),
                "target_s": median_of(targ, "step_time_s"), "peak_mb": round(memory.total_mb),
-               "largest_process_mb": round(memory.largest_mb)}
+               "largest_process_mb": round(memory.largest_mb),
+               "baseline_cpu_s": cpu_per_step(run_dir / "baseline", base),
+               "target_cpu_s": cpu_per_step(run_dir / "target", targ)}
         row["ratio"] = row["target_s"] / row["baseline_s"]
+        row["cpu_ratio"] = row["target_cpu_s"] / row["baseline_cpu_s"] if row["baseline_cpu_s"] else None
         row.update({k: median_of(targ, k) for k in SECTIONS})
         return row
 
@@ -162,11 +183,14 @@ def fmt(value) -> str:
 
 
 def markdown(steps: list[dict], heals: list[dict], when: str) -> str:
-    cols = ["mode", "run", "baseline_s", "target_s", "ratio", *SECTIONS, "peak_mb"]
+    cols = ["mode", "run", "load_avg", "baseline_s", "target_s", "ratio", "baseline_cpu_s", "target_cpu_s", "cpu_ratio",
+            *SECTIONS, "peak_mb"]
     lines = [f"# ftexp step-time benchmark ({when}, one machine, one invocation)", "",
              "Seconds per committed rollout (median, rollout 0 skipped); the target's breakdown is the median over "
              "rollouts of the slowest cell's section times; `driver_rest_s` is the driver's step time minus its "
-             "analyzer and its slowest cell's train call (Ray round trips, refresh).", "",
+             "analyzer and its slowest cell's train call (Ray round trips, refresh). `*_cpu_s`: the side's CPU "
+             "seconds per committed rollout (median; ranks, plus the target's driver), which the machine's load "
+             "(`load_avg`, 1-minute, at the run's start) moves much less than the wall times.", "",
              "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(fmt(r[c]) for c in cols) + " |" for r in steps]
     if heals:

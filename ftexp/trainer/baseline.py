@@ -43,7 +43,7 @@ from ftexp.trainer.checkpoint import (complete_checkpoint, load_rank_state, resu
 from ftexp.trainer.driver import start_local_ray
 from ftexp.trainer.rollout_engines import (EngineAddresses, SideEngines, WeightPush, WeightPusher, publish_engines,
                                            record_update, wait_for_engines, write_rollout)
-from ftexp.trainer.step import record_metrics, record_step_time, train_step
+from ftexp.trainer.step import record_metrics, record_sections, record_step_time, train_step
 from ftexp.store import LoopbackStore
 
 log = logging.getLogger(__name__)
@@ -97,6 +97,7 @@ def _rank_main(spec: JobSpec, rank: int, world_size: int, store_port: int, witne
                 write_rollout(spec, engines, rollout_id, events)
             dist.barrier()
         started = time.monotonic()  # like the target's step, which loads the rollout in its ranks
+        cpu_started = time.process_time()
         rollout = load_rollout(rollout_path(spec.data_dir, rollout_id), expected_rollout_id=rollout_id)
         dump = (lambda: replica.dump(spec.side_dir.dump_leaf(rollout_id))) if dp_rank == 0 else (lambda: None)
         witness = allocator.allocate(len(rollout["samples"])) if allocator is not None else None
@@ -109,6 +110,7 @@ def _rank_main(spec: JobSpec, rank: int, world_size: int, store_port: int, witne
         if dp_rank == 0 and spec.should_save(rollout_id):
             save_rank_state(replica, spec.side_dir.ckpt, rollout_id)
         dist.barrier()  # every rank's checkpoint file is written before rank 0 declares it complete
+        record_sections(spec.side_dir, rollout_id, 0, None, rank, {"cpu_s": time.process_time() - cpu_started})
         if rank == 0:
             record_step_time(spec.side_dir, rollout_id, time.monotonic() - started)
             record_metrics(spec.side_dir, events, rollout_id, 0, metrics)

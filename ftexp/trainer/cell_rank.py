@@ -247,6 +247,7 @@ class CellRank:
         assert info is not None, "train before init"
         self._bump()
         started, events_before, timer = time.perf_counter(), self.events.write_s, SectionTimer()
+        cpu_started = time.process_time()
         control = spec.trainer.negative_control
         rollout = load_rollout(rollout_path(spec.data_dir, rollout_id), expected_rollout_id=rollout_id)
         # The first alive cell writes the group's dumps and metrics (the negative control: always cell 0).
@@ -301,14 +302,16 @@ class CellRank:
                 self.events.log(TrainEngineLocalWeightChecksumEvent(rollout_id=rollout_id, state=checksums))
             if logs_for_group and self.rank == 0:
                 record_metrics(spec.side_dir, self.events, rollout_id, attempt, metrics)
-        self._record_sections(rollout_id, attempt, timer, time.perf_counter() - started, events_before)
+        self._record_sections(rollout_id, attempt, timer, time.perf_counter() - started, events_before,
+                              time.process_time() - cpu_started)
         return NORMAL, metrics
 
     def _record_sections(self, rollout_id: int, attempt: int, timer: SectionTimer, total_s: float,
-                         events_before: float) -> None:
-        """Where this rank's step went; compute is what the named sections leave."""
+                         events_before: float, cpu_s: float) -> None:
+        """Where this rank's step went (compute is what the named sections leave), and the process's CPU seconds."""
         seconds = dict(timer.seconds, event_write_s=self.events.write_s - events_before, total_s=total_s)
         seconds["compute_s"] = total_s - sum(v for k, v in seconds.items() if k != "total_s")
+        seconds["cpu_s"] = cpu_s
         record_sections(self.spec.side_dir, rollout_id, attempt, self.cell_index, self.rank, seconds)
 
     def update_weights(self, order: WeightPush) -> dict[str, str] | None:

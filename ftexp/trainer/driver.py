@@ -209,13 +209,14 @@ def run_ft_driver(spec: JobSpec) -> None:
                 if task is not None and rollout_id % spec.task.eval_interval == 0:
                     _evaluate(spec, engines, task, events, rollout_id)
                 write_rollout(spec, engines, rollout_id, events, task)
-            started = time.monotonic()
+            started, cpu_started = time.monotonic(), time.process_time()
             _fail_fast(analyzer)  # on the previous rollout's events
             analyzed = time.monotonic()
             metrics = group.train(rollout_id)
             if watchdog is not None:
                 watchdog.progress()
-            record_step_time(spec.side_dir, rollout_id, time.monotonic() - started, analyzer_s=analyzed - started)
+            record_step_time(spec.side_dir, rollout_id, time.monotonic() - started, analyzer_s=analyzed - started,
+                             cpu_s=time.process_time() - cpu_started)
             log.info("target rollout %d committed: loss=%.6f alive=%s", rollout_id, metrics.get("train/loss", float("nan")),
                      group.alive_indices())
             _group_actions(spec, group, rollout_id)

@@ -98,8 +98,9 @@ def record_step_time(side_dir: SideDir, rollout_id: int, step_time_s: float, **s
         f.write(json.dumps({"step": rollout_id, "step_time_s": step_time_s, **sections}) + "\n")
 
 
-def record_sections(side_dir: SideDir, rollout_id: int, attempt: int, cell: int, rank: int,
+def record_sections(side_dir: SideDir, rollout_id: int, attempt: int, cell: int | None, rank: int,
                     seconds: dict[str, float]) -> None:
-    """One rank's step breakdown (``step_sections.jsonl``, for benchmarks, never compared)."""
+    """One rank's step breakdown (``step_sections.jsonl``, for benchmarks, never compared); ``cell`` None: a
+    baseline rank, ``rank`` its global rank."""
     with open(side_dir.step_sections, "a") as f:
         f.write(json.dumps({"step": rollout_id, "attempt": attempt, "cell": cell, "rank": rank, **seconds}) + "\n")

@@ -5,17 +5,12 @@ back, no rollout counted), and be a pure function of (initial weights, seed): tw
 alike come out bitwise equal, optimizer and RNG state included, while another seed's batches differ.
 """
 
-import socket
 
 import pytest
 import torch
 import torch.multiprocessing as mp
+from loopback_world import join_world, rendezvous_port
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _worker(rank, out_path, port):
@@ -28,7 +23,7 @@ def _worker(rank, out_path, port):
     from ftexp.tasks.warmup import warm_up
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    join_world(0, 1, port)
     cfg = TrainerConfig(engine=Engine.megatron, lr=3e-4)
     mode = ModeConfig(name="one_rank", num_cells=1, model_preset="tiny_dense", engines=[Engine.megatron])
     task = build_task(TaskConfig(name=TaskName.arith))
@@ -47,7 +42,7 @@ def _worker(rank, out_path, port):
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("warmup") / "out.pt"
-    mp.spawn(_worker, args=(str(out), _free_port()), nprocs=1)
+    mp.spawn(_worker, args=(str(out), rendezvous_port()), nprocs=1)
     return torch.load(out, weights_only=False)
 
 

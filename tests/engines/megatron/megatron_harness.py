@@ -15,9 +15,7 @@ Also a command line for measurements:
 from __future__ import annotations
 
 import json
-import os
 import resource
-import socket
 import sys
 import time
 import warnings
@@ -27,6 +25,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from loopback_world import join_world, rendezvous_port
 
 GLOBAL_MICROBATCHES = 2  # the global batch: split over DP ranks, run as microbatches within a rank
 DATA_SEED = 7
@@ -45,11 +44,6 @@ class LayoutRun:
     peak_rss_mb: list[float]  # per rank
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def _quiet_expected_warnings():
     """Silence what every CPU rank prints on import: no TE/Apex fallbacks, deprecated torch names."""
@@ -60,9 +54,8 @@ def _quiet_expected_warnings():
 
 def _worker(rank, world, port, preset, mode, steps, out_dir, init_path, distributed_optimizer, rank_setup):
     _quiet_expected_warnings()
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # keep gloo's data connections on loopback
     torch.set_num_threads(1)  # N ranks share few cores; more threads only oversubscribe them
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    join_world(rank, world, port)
     if rank_setup is not None:
         rank_setup()
     from megatron.core import parallel_state
@@ -117,7 +110,7 @@ def run_layout(
 ) -> LayoutRun:
     """Spawn `world` ranks for `mode`'s layout; with `init_state`, start from those full weights."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    args = (world, _free_port(), preset, mode, steps, str(out_dir), init_state, distributed_optimizer, rank_setup)
+    args = (world, rendezvous_port(), preset, mode, steps, str(out_dir), init_state, distributed_optimizer, rank_setup)
     mp.spawn(_worker, args=args, nprocs=world)
     ranks = [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(world)]
     if init_state is None:

@@ -13,7 +13,8 @@ import time
 import pytest
 import torch
 import torch.multiprocessing as mp
-from megatron_harness import _free_port, _quiet_expected_warnings
+from loopback_world import join_world, rendezvous_port
+from megatron_harness import _quiet_expected_warnings
 
 from ftexp.config import Engine, MegatronConfig, ModeConfig, RolloutConfig, TrainerConfig
 from ftexp.engines.megatron.hf_export import hf_config, to_hf, write_hf_model_dir
@@ -33,14 +34,9 @@ def _replica(preset: str, mode: ModeConfig):
 
 
 def _init_world(rank: int, world: int, port: int) -> None:
-    import os
-
-    import torch.distributed as dist
-
     _quiet_expected_warnings()
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    join_world(rank, world, port)
 
 
 def _one_rank_worker(rank, port, out_path):
@@ -78,7 +74,7 @@ def _one_rank_worker(rank, port, out_path):
 @pytest.fixture(scope="module")
 def one_rank(tmp_path_factory):
     out = tmp_path_factory.mktemp("hf_export") / "one_rank.pt"
-    mp.spawn(_one_rank_worker, args=(_free_port(), str(out)), nprocs=1)
+    mp.spawn(_one_rank_worker, args=(rendezvous_port(), str(out)), nprocs=1)
     return torch.load(out, weights_only=False)
 
 
@@ -210,7 +206,7 @@ MULTI_RANK = [  # preset, layout, world (> ranks of a replica: the rest is data 
 def test_multi_rank_export_equals_the_one_rank_model(one_rank, preset, mode, world, tmp_path):
     run = one_rank[preset]
     torch.save(run["full"], tmp_path / "full.pt")
-    mp.spawn(_multi_rank_worker, args=(world, _free_port(), preset, mode, str(tmp_path / "full.pt"), str(tmp_path)),
+    mp.spawn(_multi_rank_worker, args=(world, rendezvous_port(), preset, mode, str(tmp_path / "full.pt"), str(tmp_path)),
              nprocs=world)
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world)]
     assert all(r["loaded"] is None and r["seeded"] is None for r in ranks[1:])  # only the first rank holds it

@@ -14,7 +14,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 from hf_checkpoints import write_checkpoint
-from megatron_harness import _free_port, _quiet_expected_warnings
+from loopback_world import join_world, rendezvous_port
+from megatron_harness import _quiet_expected_warnings
 
 from ftexp.config import Engine, MegatronConfig, ModeConfig, RolloutConfig, TrainerConfig
 
@@ -56,16 +57,14 @@ def _logits(replica, tokens):
 
 def _worker(rank, world, port, runs, out_path):
     """`runs`: (key, checkpoint dir, layout, with logits, planted bug or None) run in order on every rank."""
-    import os
 
     import torch.distributed as dist
 
     from ftexp.engines.megatron import hf_import
 
     _quiet_expected_warnings()
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    join_world(rank, world, port)
     tokens = torch.randint(0, 128, TOKENS_SHAPE, generator=torch.Generator().manual_seed(3))
     original, out = hf_import.to_megatron, {}
     for key, path, layout, with_logits, bug in runs:
@@ -88,7 +87,7 @@ def checkpoints(tmp_path_factory):
 
 
 def _spawn(world, runs, tmp_path):
-    mp.spawn(_worker, args=(world, _free_port(), runs, str(tmp_path / "out.pt")), nprocs=world)
+    mp.spawn(_worker, args=(world, rendezvous_port(), runs, str(tmp_path / "out.pt")), nprocs=world)
     return torch.load(tmp_path / "out.pt", weights_only=False)
 
 
@@ -168,7 +167,6 @@ def test_pipeline_tensor_and_expert_parallel_import_round_trips_bit_for_bit(chec
 
 def _train_worker(rank, world, port, path, layout, out_dir):
     """One supervised step of the imported replica; every rank saves its parameters by global name."""
-    import os
 
     import torch.distributed as dist
 
@@ -176,9 +174,8 @@ def _train_worker(rank, world, port, path, layout, out_dir):
     from ftexp.tasks.warmup import supervised_batch
 
     _quiet_expected_warnings()
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    join_world(rank, world, port)
     replica = _replica(path, **layout)
     batch = supervised_batch([Problem("12+7=", "19", "19"), Problem("3-5=", "-2", "-2")], ASCII)
     loss = replica.supervised_step(batch, lr=1e-2)
@@ -193,7 +190,7 @@ def test_tied_embeddings_stay_tied_through_a_pipeline_parallel_training_step(che
     runs = {}
     for name, layout, world in (("pp1", {}, 1), ("pp2", dict(pp=2), 2)):
         (tmp_path / name).mkdir()
-        mp.spawn(_train_worker, args=(world, _free_port(), str(checkpoints["tied"]), layout, str(tmp_path / name)),
+        mp.spawn(_train_worker, args=(world, rendezvous_port(), str(checkpoints["tied"]), layout, str(tmp_path / name)),
                  nprocs=world)
         runs[name] = [torch.load(tmp_path / name / f"rank{r}.pt") for r in range(world)]
     embedding = "embedding.word_embeddings.weight"

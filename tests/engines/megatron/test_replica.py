@@ -8,6 +8,7 @@ of a 4-cell run train on); the MoE preset's sequence-level aux loss is part of t
 import pytest
 import torch
 import torch.multiprocessing as mp
+from loopback_world import join_world, rendezvous_port
 
 SAMPLES = 16
 
@@ -23,7 +24,7 @@ def _worker(rank, out_path, port):
     from ftexp.trainer import transfer
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    join_world(0, 1, port)
     cfg = TrainerConfig(engine=Engine.megatron, rollout=RolloutConfig(rollout_batch_size=4, n_samples_per_prompt=4),
                         megatron=MegatronConfig(micro_batch_size=4))
     mode = ModeConfig(name="one_rank", num_cells=1, model_preset="tiny_moe_5layer", engines=[Engine.megatron])
@@ -60,10 +61,8 @@ def _worker(rank, out_path, port):
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    from megatron_harness import _free_port
-
     out = tmp_path_factory.mktemp("replica") / "out.pt"
-    mp.spawn(_worker, args=(str(out), _free_port()), nprocs=1)
+    mp.spawn(_worker, args=(str(out), rendezvous_port()), nprocs=1)
     return torch.load(out, weights_only=False)
 
 

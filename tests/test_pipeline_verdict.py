@@ -6,7 +6,7 @@ import tempfile
 
 import pytest
 
-from ftexp import pipeline
+from ftexp import atomic_files, pipeline
 from ftexp.cli import _precompose
 from ftexp.config import register_configs
 from ftexp.errors import InputError, Interrupted, RunDirError
@@ -111,7 +111,7 @@ def test_unwritable_run_dir(tmp_path, monkeypatch):
     def refused(*args, **kwargs):
         raise PermissionError(13, "Permission denied", str(run_dir))
 
-    monkeypatch.setattr(tempfile, "mkstemp", refused)
+    monkeypatch.setattr(atomic_files, "temporary_beside", refused)
     monkeypatch.setattr(tempfile, "NamedTemporaryFile", refused)
     with pytest.raises(InputError, match=f"run dir {run_dir} is not writable: Permission denied"):
         pipeline.run_stage(_cfg(run_dir, "stage=compare"), run_dir)

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from ftexp.atomic_files import torch_save_atomically
 from ftexp.errors import RunDirError, file_error
 
 FIELD_SEP = "___"
@@ -40,10 +41,7 @@ def write_dump(leaf_dir: str | Path, name: str, tensor: torch.Tensor, *, step: i
         raise ValueError(f"tensor name {name!r} may not contain '___', '=' or '/'")
     meta = {"step": step, "rank": rank, "dump_index": dump_index, "name": name, **tags}
     path = Path(leaf_dir) / dump_file_name(meta)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save({"value": tensor.detach().cpu().clone(), "meta": meta}, tmp)
-    tmp.replace(path)  # never leave a half-written .pt that could be read as a dump
+    torch_save_atomically({"value": tensor.detach().cpu().clone(), "meta": meta}, path)  # never half a dump
     return path
 
 

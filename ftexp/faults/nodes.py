@@ -18,9 +18,10 @@ A request file is consumed (removed) by the node's supervisor when it acts on it
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
+
+from ftexp.atomic_files import write_text_atomically
 
 
 class NodeFiles:
@@ -28,10 +29,7 @@ class NodeFiles:
         self.root = Path(root)
 
     def _write(self, name: str, payload: dict) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-        tmp = self.root / f".{name}.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps(payload))
-        tmp.replace(self.root / name)  # atomic: a reader never sees half a file
+        write_text_atomically(self.root / name, json.dumps(payload))
 
     def _read(self, name: str) -> dict | None:
         try:

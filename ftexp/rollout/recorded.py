@@ -13,15 +13,14 @@ from __future__ import annotations
 import dataclasses
 import enum
 import hashlib
-import os
 import pickle
-import tempfile
 import types
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ftexp.atomic_files import torch_save_atomically
 from ftexp.config import RolloutConfig
 from ftexp.engines.torch.model import TinyGPT, token_log_probs
 from ftexp.errors import InputError, RunDirError, file_error
@@ -86,16 +85,7 @@ def rollout_metadata(cfg: RolloutConfig, num_samples: int, **extra: Any) -> dict
 
 def save_rollout(batch: dict[str, Any], path: str | Path) -> None:
     """Write atomically: readers see either no file or the complete one."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as tmp:
-            torch.save(batch, tmp)
-        os.replace(tmp_name, path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
+    torch_save_atomically(batch, path)
 
 
 class _PlainDataUnpickler(pickle.Unpickler):

@@ -21,14 +21,13 @@ import dataclasses
 import hashlib
 import json
 import logging
-import os
 import time
-import uuid
 from pathlib import Path
 from typing import Any, Protocol, Sequence
 
 import torch
 
+from ftexp.atomic_files import torch_save_atomically
 from ftexp.config import ModeConfig, TaskConfig, TrainerConfig, WarmupConfig
 from ftexp.engines.grpo import PAD_TOKEN, TrainBatch
 from ftexp.job import JobSpec
@@ -140,20 +139,12 @@ def warm_start(replica: SupervisedReplica, spec: JobSpec, cell_index: int, rank_
     warm_up(replica, build_task(spec.task), cfg, spec.seed, announce=rank_within_cell == 0,
             tokenizer=policy_tokenizer(spec.mode))
     state = replica.state_dict()
-    _save_atomically(state, handoff)
+    torch_save_atomically(state, handoff)
     if cfg.cache_dir is not None:
         key = warmup_key(spec.mode, spec.trainer, spec.task, spec.seed, spec.deterministic)
         target = Path(cfg.cache_dir) / key / rank_file(rank_within_cell)
         if not target.exists():  # an entry is written once: a concurrent run's equal state stays
-            _save_atomically(state, target)
-
-
-def _save_atomically(state: dict[str, Any], path: Path) -> None:
-    """A reader sees the whole file or none (``os.replace`` of a finished temporary file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
-    torch.save(state, partial)
-    os.replace(partial, path)
+            torch_save_atomically(state, target)
 
 
 def _load(path: Path) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from ftexp.atomic_files import torch_save_atomically
 from ftexp.audit.events import TrainResumeEvent, read_events
 from ftexp.audit.witness import persisted_counter
 from ftexp.errors import RunDirError, file_error
@@ -26,12 +27,7 @@ from ftexp.rundir import (TRACKER, events_snapshot, iter_dir, latest_checkpoint,
 
 def save_rank_state(replica, ckpt_root: Path, rollout_id: int) -> None:
     """This rank's ``<ckpt_root>/iter_<id:07d>/state_<coords>.pt``, written atomically."""
-    directory = iter_dir(ckpt_root, rollout_id)
-    directory.mkdir(parents=True, exist_ok=True)
-    name = rank_state_file(replica.coords)
-    tmp = directory / f"{name}.tmp"
-    torch.save(replica.state_dict(), tmp)
-    tmp.replace(directory / name)
+    torch_save_atomically(replica.state_dict(), iter_dir(ckpt_root, rollout_id) / rank_state_file(replica.coords))
 
 
 def complete_checkpoint(ckpt_root: Path, rollout_id: int, events_dir: Path) -> None:

@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
+from ftexp.atomic_files import write_atomically, write_text_atomically
 from ftexp.rundir import REPORT_JSON, REPORT_MD
 
 _MAX_TABLE_ROWS = 50
@@ -81,22 +80,6 @@ def json_safe(value: Any) -> Any:
     return value
 
 
-def _atomic_write(path: Path, write: Callable[[Path], Any]) -> None:
-    """``write(tmp)`` into a temp file beside ``path``, then rename it over ``path``: no reader
-    ever sees a half-written report, and a crash leaves no file that looks like one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide the verdict from everyone else
-    os.close(fd)
-    tmp = Path(name)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def write_text_atomic(path: Path, text: str, *, in_place_fallback: bool = False) -> None:
     """Write ``text`` to ``path`` atomically (temp file + rename).
 
@@ -107,7 +90,7 @@ def write_text_atomic(path: Path, text: str, *, in_place_fallback: bool = False)
     """
     path = Path(path)
     try:
-        _atomic_write(path, lambda tmp: tmp.write_text(text))
+        write_text_atomically(path, text)
     except OSError:
         if not (in_place_fallback and path.is_file()):
             raise
@@ -154,8 +137,8 @@ def write_report(run_dir: str | Path, verdict: Verdict, extra: dict[str, Any] | 
     json_path, md_path = run_dir / REPORT_JSON, run_dir / REPORT_MD
     json_text = json.dumps(json_safe(payload), indent=2, allow_nan=False, default=str) + "\n"
     md_text = render_markdown(verdict, extra or {})
-    _atomic_write(json_path, lambda tmp: tmp.write_text(json_text))
-    _atomic_write(md_path, lambda tmp: tmp.write_text(md_text))
+    write_text_atomically(json_path, json_text)
+    write_text_atomically(md_path, md_text)
     return json_path, md_path
 
 
@@ -272,5 +255,5 @@ def plot_curves(baseline_series: dict[str, list[tuple[int, float]]], target_seri
             ax.legend()
     if not chosen:
         axes[0].text(0.5, 0.5, "no metrics", ha="center", va="center")
-    _atomic_write(Path(path), lambda tmp: fig.savefig(tmp, format="png"))
+    write_atomically(path, lambda tmp: fig.savefig(tmp, format="png"))
     return chosen

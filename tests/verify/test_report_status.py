@@ -2,10 +2,10 @@
 the run dir refuses new files, so an old PASSED is taken back."""
 
 import json
-import tempfile
 
 import pytest
 
+from ftexp import atomic_files
 from ftexp.verify.report import (ERROR, INTERRUPTED, CheckResult, Verdict, status_of, write_report,
                                  write_status_report)
 
@@ -35,7 +35,7 @@ def test_status_report_in_place_where_the_dir_refuses_new_files(tmp_path, monkey
     def refused(*args, **kwargs):
         raise PermissionError(13, "Permission denied", str(tmp_path))
 
-    monkeypatch.setattr(tempfile, "mkstemp", refused)
+    monkeypatch.setattr(atomic_files, "temporary_beside", refused)
     with pytest.raises(PermissionError):  # a verdict is never written in place
         write_report(tmp_path, Verdict("no_failure", "dp2", [CheckResult("dumps", True, "ok")]), {})
     write_status_report(tmp_path, INTERRUPTED, "interrupted by SIGINT during target", "no_failure", "dp2")

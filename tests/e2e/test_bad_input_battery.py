@@ -242,6 +242,11 @@ def _marked(mark: str) -> list[psutil.Process]:
     return found
 
 
+# The interrupted side trains more rollouts than the copied run's two (the rest are recorded first), so
+# that the signal, sent once its ranks log, lands while it trains and not after it finished.
+LONGER = ("scenario.num_rollout=12",)
+
+
 def _interrupt(run_dir: Path, overrides: list[str], ready: Path, sig: int, to_group: bool):
     """Start a run, wait until ``ready`` exists, signal it; return (result, the names of its processes
     when signalled, those still running 10 s later)."""
@@ -274,7 +279,7 @@ def test_ctrl_c_during_target_cancels_the_job_and_ends_ray(passing_run, tmp_path
     run_dir = _copy(passing_run, tmp_path)
     shutil.rmtree(run_dir / "target")  # retrained here; its files appearing tell us the cells run
     result, seen, survivors = _interrupt(
-        run_dir, ["mode=dp2", "scenario=no_failure", "stage=target", f"run_dir={run_dir}"],
+        run_dir, ["mode=dp2", "scenario=no_failure", *LONGER, "stage=target", f"run_dir={run_dir}"],
         run_dir / "target" / "events" / "actor_cell1_rank0.jsonl", signal.SIGINT, to_group=True)
     assert {"raylet", "gcs_server"} <= set(seen), seen  # Ray was up when the terminal's Ctrl-C came
     line = assert_one_line(result, 130, "interrupted by SIGINT during target; cancelled job", "marked INTERRUPTED")
@@ -287,7 +292,7 @@ def test_sigterm_during_baseline_cancels_the_job(passing_run, tmp_path):
     run_dir = _copy(passing_run, tmp_path)
     shutil.rmtree(run_dir / "baseline")
     result, seen, survivors = _interrupt(
-        run_dir, ["mode=dp2", "scenario=no_failure", "stage=baseline", f"run_dir={run_dir}"],
+        run_dir, ["mode=dp2", "scenario=no_failure", *LONGER, "stage=baseline", f"run_dir={run_dir}"],
         run_dir / "baseline" / "events" / "dp_rank1.jsonl", signal.SIGTERM, to_group=False)
     assert len(seen) >= 4, seen  # the CLI, submitit's controller, the job, its ranks
     assert_one_line(result, 130, "interrupted by SIGTERM during baseline; cancelled job")

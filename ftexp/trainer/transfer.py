@@ -8,8 +8,12 @@ send shared bytes once per view (~110x amplification on a real model).
 
 Wire protocol over a point-to-point pair of a torchft/gloo group:
 ``header int64[2] = (len(meta), n_storages)`` → ``meta`` (pickled hollow state + view metadata,
-as uint8) → ``sizes int64[n_storages]`` → every storage, concatenated into one uint8 tensor. One
-message for all storages: a model has hundreds of small ones, and each gloo send costs a round trip.
+as uint8) → ``sizes int64[n_storages]`` → the small storages (under ``DIRECT_BYTES``), concatenated
+into one uint8 message → each large storage as a message of its own, in order. A model has hundreds
+of small storages and each gloo send costs a round trip, so they travel together; the few large ones
+(embeddings, their Adam moments, the witnesses) go straight from the sender's tensor into the
+receiver's, with no copy into or out of a concatenation — at a heal's tens of MB those copies
+(fresh memory, page faults included) took longer than the wire.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Any
 import torch
 
 _TAG = 7
+DIRECT_BYTES = 1 << 20  # a storage this large travels as its own message
 
 
 @dataclass
@@ -91,8 +96,12 @@ def send_state(pg, state: Any, dst_rank: int) -> int:
     pg.send([meta_t], dst_rank, _TAG).wait()
     sizes = torch.tensor([s.numel() for s in storages], dtype=torch.int64)
     pg.send([sizes], dst_rank, _TAG).wait()
-    if int(sizes.sum()):
-        pg.send([torch.cat(storages)], dst_rank, _TAG).wait()
+    small = [s for s in storages if s.numel() < DIRECT_BYTES]
+    if small:
+        pg.send([torch.cat(small)], dst_rank, _TAG).wait()
+    for storage in storages:
+        if storage.numel() >= DIRECT_BYTES:
+            pg.send([storage], dst_rank, _TAG).wait()
     return len(meta) + int(sizes.sum())
 
 
@@ -105,9 +114,18 @@ def recv_state(pg, src_rank: int) -> tuple[Any, int]:
     pg.recv([meta_t], src_rank, _TAG).wait()
     sizes = torch.zeros(n_storages, dtype=torch.int64)
     pg.recv([sizes], src_rank, _TAG).wait()
-    payload = torch.empty(int(sizes.sum()), dtype=torch.uint8)
-    if payload.numel():
-        pg.recv([payload], src_rank, _TAG).wait()
-    # Each storage gets its own memory (a clone), so no decoded tensor aliases another's bytes.
-    storages = [part.clone() for part in payload.split(sizes.tolist())]
-    return decode(meta_t.numpy().tobytes(), storages), meta_len + payload.numel()
+    small_sizes = [n for n in sizes.tolist() if n < DIRECT_BYTES]
+    if small_sizes:
+        coalesced = torch.empty(sum(small_sizes), dtype=torch.uint8)
+        pg.recv([coalesced], src_rank, _TAG).wait()
+        # Each small storage gets its own memory (a clone of its slice): decode rebuilds tensors on
+        # whole storages, and a slice's storage is the whole message.
+        small = iter([part.clone() for part in coalesced.split(small_sizes)])
+    storages = []
+    for n in sizes.tolist():
+        if n < DIRECT_BYTES:
+            storages.append(next(small))
+        else:
+            storages.append(torch.empty(n, dtype=torch.uint8))
+            pg.recv([storages[-1]], src_rank, _TAG).wait()
+    return decode(meta_t.numpy().tobytes(), storages), meta_len + int(sizes.sum())

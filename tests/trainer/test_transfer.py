@@ -11,8 +11,10 @@ from ftexp.store import LoopbackStore
 
 def _state():
     base = torch.arange(12, dtype=torch.float32)
+    large = torch.arange(transfer.DIRECT_BYTES // 4 + 3, dtype=torch.float32)  # travels as its own message
     return {
-        "model": {"w": base.view(3, 4), "w_row": base.view(3, 4)[1], "b": torch.ones(5, dtype=torch.float64)},
+        "model": {"w": base.view(3, 4), "w_row": base.view(3, 4)[1], "b": torch.ones(5, dtype=torch.float64),
+                  "large": large, "large_tail": large[-7:], "large_too": -large},
         "optimizer": [{"state": {0: {"step": torch.tensor(3.0), "exp_avg": torch.full((2, 2), 0.5)}}}],
         "empty": torch.empty(0),
         "last_rollout_id": 7,
@@ -45,5 +47,7 @@ def test_state_crosses_a_gloo_pair_with_views_and_dedup(tmp_path):
     assert state["last_rollout_id"] == 7 and state["empty"].numel() == 0
     assert state["model"]["w_row"].untyped_storage().data_ptr() == state["model"]["w"].untyped_storage().data_ptr()
     meta, _ = transfer.encode(want)
-    # w and w_row share one storage, sent once: 12 floats + 5 doubles + step + 4 floats.
-    assert sent == len(meta) + 12 * 4 + 5 * 8 + 4 + 4 * 4
+    assert state["model"]["large_tail"].untyped_storage().data_ptr() == state["model"]["large"].untyped_storage().data_ptr()
+    # w and w_row share one storage, sent once: 12 floats + 5 doubles + step + 4 floats; large and
+    # large_tail too, next to large_too.
+    assert sent == len(meta) + 12 * 4 + 5 * 8 + 4 + 4 * 4 + 2 * 4 * (transfer.DIRECT_BYTES // 4 + 3)

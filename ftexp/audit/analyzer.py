@@ -27,7 +27,7 @@ from typing import Any, Callable, Hashable, Iterable, TypeVar
 from ftexp.audit.events import (EventTail, InferenceEngineWeightChecksumEvent, TrainAdvantageComputationEvent,
                                 TrainEngineLocalWeightChecksumEvent, TrainGroupStepEndEvent, WitnessAllocateIdEvent,
                                 WitnessSnapshotParamEvent)
-from ftexp.audit.witness import in_ranges
+from ftexp.audit.witness import ids_in, in_ranges
 
 E = TypeVar("E")
 # How many ids an issue message lists before it only counts the rest.
@@ -207,10 +207,13 @@ def _snapshot_issues(rollout_id: int, cell: int, snapshots: list[WitnessSnapshot
     issues = []
     for snap in snapshots:
         stale = snap.stale_id_ranges
-        want = {i for i in want_all if not in_ranges(i, stale)}
-        have = {i for i in snap.nonzero_witness_ids if not in_ranges(i, stale)}
-        if want != have:
-            missing, extra = want - have, have - want
+        # Only the ids on one side alone can break the rule, and they are few: set differences run in
+        # C, while filtering every id through the stale ranges (tens of thousands after a few hundred
+        # rollouts) made the check grow with the run.
+        have_all = ids_in(snap.nonzero_witness_id_ranges)
+        missing = {i for i in want_all - have_all if not in_ranges(i, stale)}
+        extra = {i for i in have_all - want_all if not in_ranges(i, stale)}
+        if missing or extra:
             issues.append(AnalyzerIssue(
                 "witness", rollout_id, f"cell {cell} {snap.source.process_name} {snap.instance_id} attempt "
                                        f"{snap.attempt}: missing {_show(missing)}, extra {_show(extra)}"))

@@ -50,6 +50,13 @@ def in_ranges(witness_id: int, ranges: Iterable[IdRange]) -> bool:
     return any(start <= witness_id < stop for start, stop in ranges)
 
 
+def ids_in(ranges: Iterable[IdRange]) -> set[int]:
+    ids: set[int] = set()
+    for start, stop in ranges:
+        ids.update(range(start, stop))
+    return ids
+
+
 class WitnessIdAllocator:
     def __init__(self, buffer_size: int):
         if buffer_size <= 0:

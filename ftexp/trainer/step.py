@@ -79,7 +79,7 @@ def train_step(replica: Replica, rollout: dict, rollout_id: int, attempt: int, *
             snapshot = replica.witness_snapshot()
         for instance, nonzero in snapshot.items():
             events.log(WitnessSnapshotParamEvent(rollout_id=rollout_id, attempt=attempt, instance_id=instance,
-                                                 nonzero_witness_ids=nonzero, stale_id_ranges=witness.stale_ranges))
+                                                 nonzero_witness_id_ranges=nonzero, stale_id_ranges=witness.stale_ranges))
         with timer.section("witness_s"):
             replica.zero_stale_witness_rows(witness.stale_ranges)
     return True, metrics

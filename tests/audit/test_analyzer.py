@@ -29,7 +29,7 @@ def advantages(rollout_id, attempt, cell, per_sample: dict[int, list[float]], ra
 
 def snapshots(rollout_id, attempt, cell, nonzero, stale=()):
     return [WitnessSnapshotParamEvent(rollout_id=rollout_id, attempt=attempt, source=actor(cell), instance_id=instance,
-                                      nonzero_witness_ids=sorted(nonzero), stale_id_ranges=list(stale))
+                                      nonzero_witness_id_ranges=[(i, i + 1) for i in sorted(nonzero)], stale_id_ranges=list(stale))
             for instance in (HEAD, TAIL)]
 
 

@@ -28,7 +28,7 @@ def _rollout(log: EventLogger, rollout_id: int, counter_after: int) -> None:
     ids = list(range(counter_after - SAMPLES, counter_after))
     log.log(WitnessAllocateIdEvent(rollout_id=rollout_id, attempt=0, witness_id_to_sample_index={i: n for n, i in enumerate(ids)},
                                    counter_after=counter_after))
-    log.log(WitnessSnapshotParamEvent(rollout_id=rollout_id, attempt=0, instance_id="head", nonzero_witness_ids=ids,
+    log.log(WitnessSnapshotParamEvent(rollout_id=rollout_id, attempt=0, instance_id="head", nonzero_witness_id_ranges=[(ids[0], ids[-1] + 1)],
                                       stale_id_ranges=[]))
     log.log(MetricEvent(rollout_id=rollout_id, attempt=0, metrics={"train/loss": 0.0}))
 

@@ -24,7 +24,7 @@ from ftexp.engines.base import CLIP_GRAD, STAT_KEYS, rng_state, seed_rngs, set_r
 from ftexp.engines.grpo import TrainBatch
 from ftexp.engines.torch.loss import grpo_loss
 from ftexp.engines.torch.model import build_model
-from ftexp.engines.torch.witness import nonzero_witness_ids, zero_witness_rows
+from ftexp.engines.torch.witness import nonzero_witness_ranges, zero_witness_rows
 
 
 class TorchReplica:
@@ -105,9 +105,9 @@ class TorchReplica:
     def has_witness(self) -> bool:
         return bool(self.model.witnesses())
 
-    def witness_snapshot(self) -> dict[str, list[int]]:
-        """Witness instance id -> the ids of its non-zero rows."""
-        return {instance: nonzero_witness_ids(w) for instance, w in self.model.witnesses().items()}
+    def witness_snapshot(self) -> dict[str, list[IdRange]]:
+        """Witness instance id -> the ids of its non-zero rows, as ranges."""
+        return {instance: nonzero_witness_ranges(w) for instance, w in self.model.witnesses().items()}
 
     def zero_stale_witness_rows(self, stale_ranges: list[IdRange]) -> None:
         for witness in self.model.witnesses().values():

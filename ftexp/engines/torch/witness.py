@@ -48,8 +48,15 @@ class Witness(nn.Module):
         return _AddWitness.apply(hidden, w - w.detach())
 
 
-def nonzero_witness_ids(witness: Witness) -> list[int]:
-    return torch.nonzero(witness.weight.detach().view(-1)).view(-1).tolist()
+def nonzero_witness_ranges(witness: Witness) -> list[IdRange]:
+    """The ids of the non-zero rows, as sorted half-open [start, stop) runs of consecutive ids."""
+    ids = torch.nonzero(witness.weight.detach().view(-1)).view(-1)
+    if ids.numel() == 0:
+        return []
+    breaks = torch.nonzero(ids[1:] != ids[:-1] + 1).view(-1)  # a run ends at each break
+    starts = torch.cat([ids[:1], ids[breaks + 1]])
+    stops = torch.cat([ids[breaks] + 1, ids[-1:] + 1])
+    return list(zip(starts.tolist(), stops.tolist()))
 
 
 @torch.no_grad()

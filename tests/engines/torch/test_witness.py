@@ -8,13 +8,13 @@ import torch
 from ftexp.audit.analyzer import witness as witness_rule
 from ftexp.audit.events import (EventLogger, ProcessIdentity, TrainAdvantageComputationEvent, TrainGroupStepEndEvent,
                                 WitnessSnapshotParamEvent, read_events)
-from ftexp.audit.witness import WitnessIdAllocator, allocation_event
+from ftexp.audit.witness import WitnessIdAllocator, allocation_event, ids_in
 from ftexp.config import ModelConfig, RolloutConfig, TrainerConfig
 from ftexp.engines.grpo import make_train_batch
 from ftexp.engines.torch.loss import grpo_loss
 from ftexp.engines.torch.model import build_model
 from ftexp.engines.torch.replica import TorchReplica
-from ftexp.engines.torch.witness import zero_witness_rows
+from ftexp.engines.torch.witness import Witness, nonzero_witness_ranges, zero_witness_rows
 from ftexp.errors import InputError
 from ftexp.rollout.recorded import generate_rollout
 from ftexp.trainer.step import train_step
@@ -155,9 +155,9 @@ def test_step_logs_advantages_and_snapshots_and_zeroes_stale_rows(tmp_path):
     def samples(first_id, *, without_zero_advantage=True):  # the ids of one rollout, less its uniform group
         return {(first_id + i) % buffer for i in range(SAMPLES) if not (without_zero_advantage and 8 <= i < 16)}
 
-    assert set(snaps[0].nonzero_witness_ids) == samples(0)
+    assert ids_in(snaps[0].nonzero_witness_id_ranges) == samples(0)
     # Before rollout 3's zeroing: rollout 0's rows 0..37 were zeroed after rollout 2 and 0..35 retrained.
-    assert set(snaps[6].nonzero_witness_ids) == (samples(0) - set(range(38))) | samples(64) | samples(128) | samples(192)
+    assert ids_in(snaps[6].nonzero_witness_id_ranges) == (samples(0) - set(range(38))) | samples(64) | samples(128) | samples(192)
     for witness in replica.model.witnesses().values():
         state = replica.optimizer.state[witness.weight]
         for t in (witness.weight, state["exp_avg"], state["exp_avg_sq"]):
@@ -192,3 +192,14 @@ def test_train_step_wants_witness_ids_exactly_when_the_model_has_witnesses(tmp_p
         run_steps(TorchReplica(config(), seed=1), [rollout], events, None)
     with pytest.raises(ValueError, match="enable_witness"):
         run_steps(TorchReplica(config(enable_witness=False), seed=1), [rollout], events, WitnessIdAllocator(BUFFER))
+
+
+def test_nonzero_rows_are_reported_as_runs_of_consecutive_ids():
+    witness = Witness(16)
+    with torch.no_grad():
+        witness.weight.zero_()
+        witness.weight[[0, 1, 2, 5, 9, 10, 15]] = 1.0
+    assert nonzero_witness_ranges(witness) == [(0, 3), (5, 6), (9, 11), (15, 16)]
+    with torch.no_grad():
+        witness.weight.zero_()
+    assert nonzero_witness_ranges(witness) == []

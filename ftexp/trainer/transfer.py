@@ -97,7 +97,7 @@ def send_state(pg, state: Any, dst_rank: int) -> int:
     sizes = torch.tensor([s.numel() for s in storages], dtype=torch.int64)
     pg.send([sizes], dst_rank, _TAG).wait()
     small = [s for s in storages if s.numel() < DIRECT_BYTES]
-    if small:
+    if sum(s.numel() for s in small):
         pg.send([torch.cat(small)], dst_rank, _TAG).wait()
     for storage in storages:
         if storage.numel() >= DIRECT_BYTES:
@@ -115,12 +115,12 @@ def recv_state(pg, src_rank: int) -> tuple[Any, int]:
     sizes = torch.zeros(n_storages, dtype=torch.int64)
     pg.recv([sizes], src_rank, _TAG).wait()
     small_sizes = [n for n in sizes.tolist() if n < DIRECT_BYTES]
-    if small_sizes:
-        coalesced = torch.empty(sum(small_sizes), dtype=torch.uint8)
+    coalesced = torch.empty(sum(small_sizes), dtype=torch.uint8)
+    if coalesced.numel():
         pg.recv([coalesced], src_rank, _TAG).wait()
-        # Each small storage gets its own memory (a clone of its slice): decode rebuilds tensors on
-        # whole storages, and a slice's storage is the whole message.
-        small = iter([part.clone() for part in coalesced.split(small_sizes)])
+    # Each small storage gets its own memory (a clone of its slice): decode rebuilds tensors on whole
+    # storages, and a slice's storage is the whole message.
+    small = iter([part.clone() for part in coalesced.split(small_sizes)])
     storages = []
     for n in sizes.tolist():
         if n < DIRECT_BYTES:

@@ -243,8 +243,9 @@ def _marked(mark: str) -> list[psutil.Process]:
 
 
 # The interrupted side trains more rollouts than the copied run's two (the rest are recorded first), so
-# that the signal, sent once its ranks log, lands while it trains and not after it finished.
-LONGER = ("scenario.num_rollout=12",)
+# that the signal, sent once it has committed its first rollout, lands while it trains and not after it
+# finished.
+LONGER = ("scenario.num_rollout=40",)
 
 
 def _interrupt(run_dir: Path, overrides: list[str], ready: Path, sig: int, to_group: bool):
@@ -277,10 +278,10 @@ def _interrupt(run_dir: Path, overrides: list[str], ready: Path, sig: int, to_gr
 
 def test_ctrl_c_during_target_cancels_the_job_and_ends_ray(passing_run, tmp_path):
     run_dir = _copy(passing_run, tmp_path)
-    shutil.rmtree(run_dir / "target")  # retrained here; its files appearing tell us the cells run
+    shutil.rmtree(run_dir / "target")  # retrained here; its first metrics tell us the cells train
     result, seen, survivors = _interrupt(
         run_dir, ["mode=dp2", "scenario=no_failure", *LONGER, "stage=target", f"run_dir={run_dir}"],
-        run_dir / "target" / "events" / "actor_cell1_rank0.jsonl", signal.SIGINT, to_group=True)
+        run_dir / "target" / "metrics.jsonl", signal.SIGINT, to_group=True)
     assert {"raylet", "gcs_server"} <= set(seen), seen  # Ray was up when the terminal's Ctrl-C came
     line = assert_one_line(result, 130, "interrupted by SIGINT during target; cancelled job", "marked INTERRUPTED")
     assert survivors == [], f"{line}; still running 10 s later: {survivors}"

@@ -5,12 +5,10 @@ back, no rollout counted), and be a pure function of (initial weights, seed): tw
 alike come out bitwise equal, optimizer and RNG state included, while another seed's batches differ.
 """
 
-
 import pytest
 import torch
 import torch.multiprocessing as mp
 from loopback_world import join_world, rendezvous_port
-
 
 
 def _worker(rank, out_path, port):

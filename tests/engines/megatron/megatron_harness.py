@@ -44,7 +44,6 @@ class LayoutRun:
     peak_rss_mb: list[float]  # per rank
 
 
-
 def _quiet_expected_warnings():
     """Silence what every CPU rank prints on import: no TE/Apex fallbacks, deprecated torch names."""
     warnings.filterwarnings("ignore", message=".*(Transformer Engine|Apex) (and Apex are|is) not installed")

@@ -57,7 +57,6 @@ def _logits(replica, tokens):
 
 def _worker(rank, world, port, runs, out_path):
     """`runs`: (key, checkpoint dir, layout, with logits, planted bug or None) run in order on every rank."""
-
     import torch.distributed as dist
 
     from ftexp.engines.megatron import hf_import
@@ -167,7 +166,6 @@ def test_pipeline_tensor_and_expert_parallel_import_round_trips_bit_for_bit(chec
 
 def _train_worker(rank, world, port, path, layout, out_dir):
     """One supervised step of the imported replica; every rank saves its parameters by global name."""
-
     import torch.distributed as dist
 
     from ftexp.tasks.base import ASCII, Problem

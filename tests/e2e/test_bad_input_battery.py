@@ -10,6 +10,7 @@ Where the tests run as root, who may read and write anything, the permission cas
 line without the capabilities that let root ignore file permissions.
 """
 
+import contextlib
 import ctypes
 import json
 import os
@@ -248,13 +249,32 @@ def _marked(mark: str) -> list[psutil.Process]:
 LONGER = ("scenario.num_rollout=40",)
 
 
+@contextlib.contextmanager
+def _sigint_not_ignored():
+    """Children started meanwhile get the default SIGINT, as a program in a terminal's foreground does.
+
+    A shell starts its background jobs (``.ci/run ... &``) with SIGINT ignored, every process below
+    inherits that, and a program that finds SIGINT ignored rightly leaves it so: the CLI under test
+    would never see the Ctrl-C. A handler (unlike "ignore") is not inherited, so the child starts
+    with the default."""
+    ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    if ignored:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        if ignored:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _interrupt(run_dir: Path, overrides: list[str], ready: Path, sig: int, to_group: bool):
     """Start a run, wait until ``ready`` exists, signal it; return (result, the names of its processes
     when signalled, those still running 10 s later)."""
     mark = uuid.uuid4().hex
-    proc = subprocess.Popen([sys.executable, "-m", "ftexp", *overrides], cwd=run_dir.parent, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1", MARK: mark})
+    with _sigint_not_ignored():
+        proc = subprocess.Popen([sys.executable, "-m", "ftexp", *overrides], cwd=run_dir.parent, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1", MARK: mark})
     try:
         deadline = time.monotonic() + 600
         while not ready.exists():

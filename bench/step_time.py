@@ -16,9 +16,9 @@ and the heal's start request → allocate → configure → transfer → first c
 rate over a raw loopback socket copy of the same bytes (``loopback_copy.py``).
 The two sides of one run train one after the other, and on a shared 2-core machine the same
 configuration's ratio moves by tens of percent between runs (dp2 audits off: 1.15–1.77 over three
-runs in a row); each configuration therefore runs ``--repeats`` times
-and the row gives the median run (by wall ratio) with the range of both ratios over the repeats, and
-the ratio of each side's fastest run (noise only ever adds time).
+runs in a row); each configuration therefore runs ``--repeats`` times and the row gives the median
+run (by wall ratio) with the range of both ratios over the repeats, and the ratio of each side's
+fastest run (noise only ever adds time).
 ``--large`` trains a torch model big enough that a step takes about a second on a 2-core CPU,
 so fixed costs and per-byte costs show apart. Everything of one invocation runs on the same
 machine; results go to ``bench/results/<name>.json`` and ``.md`` (``latest.md`` too).
@@ -165,7 +165,8 @@ def step_row(mode: str, label: str, overrides: list[str]) -> dict:
 
 
 def repeated_step_row(mode: str, label: str, overrides: list[str], repeats: int) -> dict:
-    """The median of ``repeats`` runs by wall ratio, with the range of the wall and CPU ratios over them."""
+    """The median of ``repeats`` runs by wall ratio (of an even number, the higher middle one), with the range
+    of the wall and CPU ratios over them."""
     rows = sorted((step_row(mode, label, overrides) for _ in range(repeats)), key=lambda r: r["ratio"])
     row = dict(rows[len(rows) // 2], repeats=repeats)
     row["ratio_range"] = f"{rows[0]['ratio']:.3f}–{rows[-1]['ratio']:.3f}"
@@ -175,6 +176,11 @@ def repeated_step_row(mode: str, label: str, overrides: list[str], repeats: int)
     row["best_ratio"] = min(r["target_s"] for r in rows) / min(r["baseline_s"] for r in rows)
     row["runs"] = rows  # every repeat, for the JSON
     return row
+
+
+def summary_line(row: dict) -> str:
+    """One row as ``key=value`` pairs, for the progress output (a repeated row's runs left out)."""
+    return " ".join(f"{k}={fmt(v)}" for k, v in row.items() if k != "runs")
 
 
 def heal_row(mode: str, spare_cells: int, overrides: list[str]) -> dict:
@@ -239,14 +245,14 @@ def main() -> int:
     for mode in args.modes:
         for label, extra in [("audit on", []), ("audit off", ["trainer.audit=false"])]:
             steps.append(repeated_step_row(mode, label, rollouts + extra, args.repeats))
-            print(" ".join(f"{k}={fmt(v)}" for k, v in steps[-1].items() if k != "runs"), flush=True)
+            print(summary_line(steps[-1]), flush=True)
         if args.large and mode in ("dp2", "dp4"):
             steps.append(repeated_step_row(mode, "large, audit on", rollouts + LARGE_MODEL, args.repeats))
-            print(" ".join(f"{k}={fmt(v)}" for k, v in steps[-1].items() if k != "runs"), flush=True)
+            print(summary_line(steps[-1]), flush=True)
         if args.heal:
             for spare_cells in (0, 1):
                 heals.append(heal_row(mode, spare_cells, []))
-                print(" ".join(f"{k}={fmt(v)}" for k, v in heals[-1].items()), flush=True)
+                print(summary_line(heals[-1]), flush=True)
     table = markdown(steps, heals, args.name)
     print(table)
     RESULTS.mkdir(exist_ok=True)

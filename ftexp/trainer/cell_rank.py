@@ -56,14 +56,18 @@ class CollectiveReleased(RuntimeError):
     """The driver saw a peer cell die and released this rank from the cross-cell collective."""
 
 
-def run_releasable(collective: Callable[[], None], released: threading.Event) -> None:
+def run_releasable(collective: Callable[[], None], released: threading.Event,
+                   cancel: Callable[[], None] | None = None) -> None:
     """Run a blocking cross-cell collective, but give up as soon as ``released`` is set.
 
     A gloo collective (or rendezvous) cannot be interrupted: with a dead peer it returns only at its
     timeout. The driver learns of the death at once (Ray reports it) and sets ``released`` through
     an RPC that runs beside the blocked call; the rank then stops waiting and voids the attempt. The
     abandoned thread ends at the collective's timeout and writes only into buffers (or a group
-    object) that nobody reads again, on a quorum that is never used again.
+    object) that nobody reads again, on a quorum that is never used again. A collective that can
+    be interrupted, and writes where it must not once abandoned (a heal receiving into the
+    replica's own tensors), comes with ``cancel``: it is called, and its thread has ended, before
+    the release is raised.
     """
     done, errors = threading.Event(), []
 
@@ -78,6 +82,9 @@ def run_releasable(collective: Callable[[], None], released: threading.Event) ->
     threading.Thread(target=target, name="cross-cell-collective", daemon=True).start()
     while not done.wait(RELEASE_POLL_S):
         if released.is_set():
+            if cancel is not None:
+                cancel()
+                done.wait()
             raise CollectiveReleased("released by the driver: a peer cell died")
     if errors:
         raise errors[0]
@@ -168,6 +175,16 @@ class CellRank:
         self.last_active, self.bump_count = time.time(), self.bump_count + 1
 
     # ---- membership ---------------------------------------------------------------------------
+    def _heal_store(self) -> dist.TCPStore:
+        """A client of the driver's store, where a healed rank publishes its transfer address.
+
+        A new one per heal: a released transfer's thread may still block in this client's ``get``, and a
+        client serves one call at a time.
+        """
+        host, port = self.store_addr.rsplit(":", 1)
+        return dist.TCPStore(host, int(port), is_master=False,
+                             timeout=dt.timedelta(seconds=self.spec.trainer.cross_cell_timeout_s))
+
     def _configure_group(self, info: IndepDPInfo) -> None:
         """Drop the old cross-cell group and join the one of ``info.quorum_id`` (releasable).
 
@@ -195,19 +212,25 @@ class CellRank:
             self._take_place(info.cell_index, f"cell{info.cell_index}")
         if load_rollout_id is not None:
             self.replica.load_state_dict(load_rank_state(self.spec.load_dir, load_rollout_id, self.replica.coords))
-        received = 0
+        received, control = 0, self.spec.trainer.negative_control
         try:
+            if recv_src_rank is not None:
+                store = self._heal_store()
+                # Straight into this replica's own tensors, unless a negative control needs some of them kept.
+                into = None if control in (NegativeControl.skip_heal_transfer,
+                                           NegativeControl.skip_optimizer_transfer) else self.replica.state_dict()
+                receiver = transfer.StateReceiver(ray.util.get_node_ip_address(), self.spec.trainer.cross_cell_timeout_s,
+                                                  into)
             self._configure_group(info)
             t1 = time.monotonic()
             if recv_src_rank is not None:
-                pg, box = self.pg, []
-                run_releasable(lambda: box.append(transfer.recv_state(pg, recv_src_rank)),
-                               self._release_event(info.quorum_id))
+                key, box = transfer.heal_key(info.quorum_id, self.rank, info.alive_rank), []
+                run_releasable(lambda: box.append(receiver.receive(store, key)),
+                               self._release_event(info.quorum_id), cancel=receiver.cancel)
                 [(state, received)] = box
         except Exception as e:
             return self._quorum_failed(info, e)
         if recv_src_rank is not None:
-            control = self.spec.trainer.negative_control
             if control == NegativeControl.skip_optimizer_transfer:
                 state["optimizer"] = self.replica.optimizer.state_dict()
             if control == NegativeControl.skip_rng_transfer:
@@ -226,12 +249,16 @@ class CellRank:
         """
         self._bump()
         t0 = time.monotonic()
+        keys, sent = [transfer.heal_key(info.quorum_id, self.rank, dst) for dst in send_to], []
         try:
+            if keys:  # encoded while the group meets: the state is that of the last commit either way
+                store, encoded = self._heal_store(), transfer.encode(self.replica.state_dict())
             self._configure_group(info)
             t1 = time.monotonic()
-            pg, state, sent = self.pg, self.replica.state_dict(), []
-            run_releasable(lambda: sent.extend(transfer.send_state(pg, state, dst) for dst in send_to),
-                           self._release_event(info.quorum_id))
+            if keys:
+                timeout_s = self.spec.trainer.cross_cell_timeout_s
+                run_releasable(lambda: sent.extend(transfer.send_state_to(store, key, encoded, timeout_s) for key in keys),
+                               self._release_event(info.quorum_id))
         except Exception as e:
             return self._quorum_failed(info, e)
         return {"ok": True, "configure_s": t1 - t0, "transfer_s": time.monotonic() - t1, "bytes": sum(sent)}

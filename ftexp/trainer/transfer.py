@@ -1,4 +1,4 @@
-"""Healing state transfer: send a replica's full state to a new cell over the cross-cell group.
+"""Healing state transfer: stream a replica's full state to a new cell over a TCP connection of its own.
 
 The state (model, optimizer moments and step counts, scheduler, RNG states, counters) is a
 nested dict holding tensors. Tensors often share storage (views of one buffer), so the codec
@@ -6,47 +6,54 @@ sends each underlying storage once, as raw bytes, and rebuilds every tensor on t
 view (dtype, shape, stride, offset) of the received storage — naive per-tensor sending would
 send shared bytes once per view (~110x amplification on a real model).
 
-Wire protocol over a point-to-point pair of a torchft/gloo group:
-``header int64[2] = (len(meta), n_storages)`` → ``meta`` (pickled hollow state + view metadata,
-as uint8) → ``sizes int64[n_storages]`` → the small storages (under ``DIRECT_BYTES``), concatenated
-into one uint8 message → each large storage as a message of its own, in order. A model has hundreds
-of small storages and each gloo send costs a round trip, so they travel together; the few large ones
-(embeddings, their Adam moments, the witnesses) go straight from the sender's tensor into the
-receiver's, with no copy into or out of a concatenation — at a heal's tens of MB those copies
-(fresh memory, page faults included) took longer than the wire.
+The transfer does not go through the cross-cell gloo group. A heal is always the first transfer
+of its quorum's group, and a fresh gloo pair moved its first tens of MB at a third of a plain
+socket's rate; a socket also streams hundreds of small storages without a round trip each. So
+the healed rank listens on its node's address and publishes it in the rendezvous store under
+the quorum's key (:class:`StateReceiver`); the source reads it, connects and streams
+(:func:`send_state_to`). A new quorum id means new keys: a transfer of a failed quorum is never
+mistaken for the next one's.
+
+Wire format, after connecting: ``header <q n_storages, q len(meta)>`` → ``meta`` (pickled hollow
+state + view metadata) → ``sizes <q × n_storages>`` → the small storages' bytes, then the large ones'.
+
+Where the bytes land decides the rate: fresh memory faults in every page inside the socket copy, and
+zeroing a fresh 24 MB took as long as moving it. So a healed replica that already has the source's
+layout (same model, its optimizer state made up front) receives straight into its own tensors; any
+other receive lands in fresh memory, large storages on transparent huge pages (one fault per 2 MiB).
+A heal whose quorum is released mid-transfer is cancelled at once (:meth:`StateReceiver.cancel`),
+so no abandoned receive keeps writing into a replica that already moved on.
 """
 
 from __future__ import annotations
 
+import mmap
 import pickle
-from dataclasses import dataclass
-from typing import Any
+import socket
+import struct
+import threading
+from typing import Any, NamedTuple
 
 import torch
 
-_TAG = 7
-DIRECT_BYTES = 1 << 20  # a storage this large travels as its own message
+LARGE_BYTES = 1 << 20  # a storage this large lands on huge pages, after all the smaller ones
+_HEADER = struct.Struct("<qq")
 
 
-@dataclass
-class _ViewMeta:
-    storage_id: int
-    dtype: torch.dtype
-    shape: tuple[int, ...]
-    stride: tuple[int, ...]
-    storage_offset: int
+class _TensorRef(int):
+    """A tensor's place in the hollow structure: the index of its view."""
 
 
-@dataclass
-class _TensorRef:
-    index: int  # into the view list
+def flatten(state: Any) -> tuple[Any, list[tuple], list[torch.Tensor]]:
+    """Split ``state`` into (hollow structure, views, unique storages as uint8).
 
-
-def encode(state: Any) -> tuple[bytes, list[torch.Tensor]]:
-    """Split ``state`` into (pickled hollow structure + view metas, unique storages as uint8)."""
+    A tensor becomes a :class:`_TensorRef` in the hollow structure; its view is the tuple
+    ``(storage index, dtype, shape, stride, storage offset)``. Two states of one layout (same
+    model, same optimizer) have equal views and storage sizes, whatever their values.
+    """
     storages: list[torch.Tensor] = []
     storage_ids: dict[int, int] = {}
-    views: list[_ViewMeta] = []
+    views: list[tuple] = []
 
     def hollow(obj: Any) -> Any:
         if isinstance(obj, torch.Tensor):
@@ -56,7 +63,7 @@ def encode(state: Any) -> tuple[bytes, list[torch.Tensor]]:
             if key not in storage_ids:
                 storage_ids[key] = len(storages)
                 storages.append(torch.empty(0, dtype=torch.uint8).set_(storage))
-            views.append(_ViewMeta(storage_ids[key], t.dtype, tuple(t.shape), tuple(t.stride()), t.storage_offset()))
+            views.append((storage_ids[key], t.dtype, tuple(t.shape), tuple(t.stride()), t.storage_offset()))
             return _TensorRef(len(views) - 1)
         if isinstance(obj, dict):
             return {k: hollow(v) for k, v in obj.items()}
@@ -65,67 +72,169 @@ def encode(state: Any) -> tuple[bytes, list[torch.Tensor]]:
         return obj
 
     skeleton = hollow(state)
-    return pickle.dumps({"skeleton": skeleton, "views": views}), storages
+    return skeleton, views, storages
+
+
+class Encoded(NamedTuple):
+    """A state ready to send: pickled hollow structure + views, and the unique storages as uint8."""
+    meta: bytes
+    storages: list[torch.Tensor]
+
+
+class Layout(NamedTuple):
+    """A state's views and storages: what a receiver compares with the sender's to receive in place."""
+    views: list[tuple]
+    storages: list[torch.Tensor]
+
+
+def encode(state: Any) -> Encoded:
+    skeleton, views, storages = flatten(state)
+    return Encoded(pickle.dumps((skeleton, views), protocol=pickle.HIGHEST_PROTOCOL), storages)
+
+
+def layout(state: Any) -> Layout:
+    _, views, storages = flatten(state)
+    return Layout(views, storages)
 
 
 def decode(meta: bytes, storages: list[torch.Tensor]) -> Any:
-    """Inverse of :func:`encode`; decoded tensors alias the received storages."""
-    payload = pickle.loads(meta)
-    views: list[_ViewMeta] = payload["views"]
+    """Inverse of :func:`encode`; decoded tensors alias the received storages (whole uint8 tensors)."""
+    skeleton, views = pickle.loads(meta)
+    return _fill(skeleton, views, storages)
 
+
+def _fill(skeleton: Any, views: list[tuple], storages: list[torch.Tensor]) -> Any:
     def fill(obj: Any) -> Any:
         if isinstance(obj, _TensorRef):
-            v = views[obj.index]
-            base = torch.empty(0, dtype=v.dtype).set_(storages[v.storage_id].untyped_storage())
-            return base.as_strided(v.shape, v.stride, v.storage_offset)
+            storage_id, dtype, shape, stride, offset = views[obj]
+            return torch.empty(0, dtype=dtype).set_(storages[storage_id].untyped_storage(), offset, shape, stride)
         if isinstance(obj, dict):
             return {k: fill(val) for k, val in obj.items()}
         if isinstance(obj, (list, tuple)):
             return type(obj)(fill(val) for val in obj)
         return obj
 
-    return fill(payload["skeleton"])
+    return fill(skeleton)
 
 
-def send_state(pg, state: Any, dst_rank: int) -> int:
-    """Send ``state`` to ``dst_rank`` of the torchft group ``pg``; return the bytes sent."""
-    meta, storages = encode(state)
-    meta_t = torch.frombuffer(bytearray(meta), dtype=torch.uint8)
-    header = torch.tensor([len(meta), len(storages)], dtype=torch.int64)
-    pg.send([header], dst_rank, _TAG).wait()
-    pg.send([meta_t], dst_rank, _TAG).wait()
-    sizes = torch.tensor([s.numel() for s in storages], dtype=torch.int64)
-    pg.send([sizes], dst_rank, _TAG).wait()
-    small = [s for s in storages if s.numel() < DIRECT_BYTES]
-    if sum(s.numel() for s in small):
-        pg.send([torch.cat(small)], dst_rank, _TAG).wait()
+def _landing(n: int) -> torch.Tensor:
+    """``n`` bytes of fresh memory to receive into, on transparent huge pages where the kernel offers them."""
+    if n == 0 or not hasattr(mmap, "MADV_HUGEPAGE"):
+        return torch.empty(n, dtype=torch.uint8)
+    memory = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    memory.madvise(mmap.MADV_HUGEPAGE)
+    return torch.frombuffer(memory, dtype=torch.uint8)  # the tensor keeps the mapping alive
+
+
+def _recv_into(conn: socket.socket, buffer: torch.Tensor) -> None:
+    view, got = memoryview(buffer.numpy()), 0
+    while got < len(view):
+        n = conn.recv_into(view[got:])
+        if n == 0:
+            raise ConnectionError(f"the source closed the heal transfer after {got} of {len(view)} bytes of a message")
+        got += n
+
+
+def _recv_bytes(conn: socket.socket, n: int) -> bytes:
+    buffer = torch.empty(n, dtype=torch.uint8)
+    _recv_into(conn, buffer)
+    return buffer.numpy().tobytes()
+
+
+def send_state(conn: socket.socket, encoded: Encoded) -> int:
+    """Stream an encoded state over the connected socket ``conn``; return the state's bytes (meta + storages)."""
+    meta, storages = encoded
+    sizes = [s.numel() for s in storages]
+    conn.sendall(_HEADER.pack(len(storages), len(meta)) + meta + struct.pack(f"<{len(sizes)}q", *sizes))
+    small = [s for s in storages if s.numel() < LARGE_BYTES]
+    if any(s.numel() for s in small):
+        conn.sendall(memoryview(torch.cat(small).numpy()))  # one write: no small segment waits on an ack
     for storage in storages:
-        if storage.numel() >= DIRECT_BYTES:
-            pg.send([storage], dst_rank, _TAG).wait()
-    return len(meta) + int(sizes.sum())
+        if storage.numel() >= LARGE_BYTES:
+            conn.sendall(memoryview(storage.numpy()))
+    return len(meta) + sum(sizes)
 
 
-def recv_state(pg, src_rank: int) -> tuple[Any, int]:
-    """Receive a state sent by :func:`send_state`; return (state, bytes received)."""
-    header = torch.zeros(2, dtype=torch.int64)
-    pg.recv([header], src_rank, _TAG).wait()
-    meta_len, n_storages = (int(x) for x in header)
-    meta_t = torch.empty(meta_len, dtype=torch.uint8)
-    pg.recv([meta_t], src_rank, _TAG).wait()
-    sizes = torch.zeros(n_storages, dtype=torch.int64)
-    pg.recv([sizes], src_rank, _TAG).wait()
-    small_sizes = [n for n in sizes.tolist() if n < DIRECT_BYTES]
-    coalesced = torch.empty(sum(small_sizes), dtype=torch.uint8)
-    if coalesced.numel():
-        pg.recv([coalesced], src_rank, _TAG).wait()
-    # Each small storage gets its own memory (a clone of its slice): decode rebuilds tensors on whole
-    # storages, and a slice's storage is the whole message.
-    small = iter([part.clone() for part in coalesced.split(small_sizes)])
-    storages = []
-    for n in sizes.tolist():
-        if n < DIRECT_BYTES:
-            storages.append(next(small))
-        else:
-            storages.append(torch.empty(n, dtype=torch.uint8))
-            pg.recv([storages[-1]], src_rank, _TAG).wait()
-    return decode(meta_t.numpy().tobytes(), storages), meta_len + int(sizes.sum())
+def recv_state(conn: socket.socket, into: Layout | None = None) -> tuple[Any, int]:
+    """Receive a state sent by :func:`send_state`; return (state, bytes received).
+
+    With ``into``, the layout of the receiver's own state: if it is the sender's, every storage lands
+    straight in the receiver's (memory that already holds pages, so no page faults on the way; the
+    returned state aliases those tensors). Otherwise, or without ``into``, in fresh memory.
+    """
+    n_storages, meta_len = _HEADER.unpack(_recv_bytes(conn, _HEADER.size))
+    meta = _recv_bytes(conn, meta_len)
+    sizes = struct.unpack(f"<{n_storages}q", _recv_bytes(conn, 8 * n_storages))
+    skeleton, views = pickle.loads(meta)
+    if into is not None and into.views == views and [s.numel() for s in into.storages] == list(sizes):
+        storages = into.storages
+    else:
+        # Every storage gets memory of its own: a tensor at an offset into a shared buffer is not one
+        # every consumer takes (torch's generator state crashes on one).
+        storages = [torch.empty(n, dtype=torch.uint8) if n < LARGE_BYTES else _landing(n) for n in sizes]
+    # The small storages arrive first, back to back, then the large ones.
+    for storage in sorted(storages, key=lambda s: s.numel() >= LARGE_BYTES):
+        _recv_into(conn, storage)
+    return _fill(skeleton, views, storages), meta_len + sum(sizes)
+
+
+def heal_key(quorum_id: int, rank_within_cell: int, dst_rank: int) -> str:
+    """Where the healed rank ``dst_rank`` (alive rank in quorum ``quorum_id``) publishes its address."""
+    return f"indep_dp/heal/{quorum_id}/{rank_within_cell}/{dst_rank}"
+
+
+class StateReceiver:
+    """One heal's receiving end: listen on ``host``, publish the address, receive one state, into the
+    tensors of ``into`` (the receiver's own state) where it has the sender's layout.
+
+    :meth:`cancel`, from another thread, ends a :meth:`receive` at once, wherever it waits: a receive
+    that lands in the replica's own tensors must have stopped writing before the rank moves on.
+    """
+
+    def __init__(self, host: str, timeout_s: float, into: Any = None):
+        self.into = layout(into) if into is not None else None  # before the transfer: the source needs none of it
+        self.server = socket.create_server((host, 0))
+        self.server.settimeout(timeout_s)
+        self.timeout_s = timeout_s
+        self.conn: socket.socket | None = None
+        self.cancelled = False
+        self._lock = threading.Lock()
+
+    def receive(self, store, key: str) -> tuple[Any, int]:
+        """Publish this end's address under ``key`` in ``store``; receive a state (see :func:`recv_state`)."""
+        try:
+            host, port = self.server.getsockname()
+            store.set(key, f"{host}:{port}")
+            conn, _ = self.server.accept()
+            with self._lock:
+                self.conn = conn
+                if self.cancelled:
+                    raise ConnectionAbortedError("heal transfer cancelled")
+            conn.settimeout(self.timeout_s)
+            return recv_state(conn, self.into)
+        finally:
+            self.close()
+
+    def cancel(self) -> None:
+        with self._lock:
+            self.cancelled = True
+            for sock in (self.server, self.conn):
+                if sock is not None:
+                    try:
+                        sock.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked in accept or recv
+                    except OSError:
+                        pass  # not connected, or already closed
+
+    def close(self) -> None:
+        with self._lock:
+            for sock in (self.server, self.conn):
+                if sock is not None:
+                    sock.close()
+
+
+def send_state_to(store, key: str, encoded: Encoded, timeout_s: float) -> int:
+    """Send an encoded state to the rank that published its address under ``key``; return the state's bytes."""
+    host, port = store.get(key).decode().rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=timeout_s) as conn:
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return send_state(conn, encoded)

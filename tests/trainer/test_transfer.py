@@ -1,53 +1,151 @@
-"""The heal codec and wire protocol: a state crosses a real torchft gloo pair, each storage once."""
+"""The heal codec and wire protocol: a state crosses a real loopback TCP connection, each storage once."""
 
 import datetime as dt
+import socket
+import threading
+import time
 
+import pytest
 import torch
+import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from ftexp.trainer import transfer
 from ftexp.store import LoopbackStore
+from ftexp.trainer import transfer
+
+KEY = transfer.heal_key(quorum_id=3, rank_within_cell=0, dst_rank=1)
 
 
 def _state():
     base = torch.arange(12, dtype=torch.float32)
-    large = torch.arange(transfer.DIRECT_BYTES // 4 + 3, dtype=torch.float32)  # travels as its own message
+    large = torch.arange(transfer.LARGE_BYTES // 4 + 3, dtype=torch.float32)  # lands in a mapping of its own
     return {
-        "model": {"w": base.view(3, 4), "w_row": base.view(3, 4)[1], "b": torch.ones(5, dtype=torch.float64),
+        "model": {"odd": torch.ones(3, dtype=torch.uint8), "w": base.view(3, 4), "w_row": base.view(3, 4)[1],
+                  "w_t": base.view(3, 4).t(), "b": torch.arange(5, dtype=torch.float64),
                   "large": large, "large_tail": large[-7:], "large_too": -large},
         "optimizer": [{"state": {0: {"step": torch.tensor(3.0), "exp_avg": torch.full((2, 2), 0.5)}}}],
         "empty": torch.empty(0),
+        "rng": torch.get_rng_state(),
         "last_rollout_id": 7,
     }
 
 
-def _peer(rank, port, out):
-    from torchft.process_group import ProcessGroupGloo
-
-    pg = ProcessGroupGloo(timeout=dt.timedelta(seconds=30))
-    pg.configure(f"127.0.0.1:{port}/transfer_test", replica_id=str(rank), rank=rank, world_size=2,
-                 quorum_id=0)
-    if rank == 0:
-        sent = transfer.send_state(pg, _state(), dst_rank=1)
-        torch.save({"sent": sent}, f"{out}/sent.pt")
-    else:
-        state, received = transfer.recv_state(pg, src_rank=0)
-        torch.save({"state": state, "received": received}, f"{out}/received.pt")
+def _client(port: int) -> dist.TCPStore:
+    return dist.TCPStore("127.0.0.1", port, is_master=False, timeout=dt.timedelta(seconds=30))
 
 
-def test_state_crosses_a_gloo_pair_with_views_and_dedup(tmp_path):
+def _source(port, out):
+    sent = transfer.send_state_to(_client(port), KEY, transfer.encode(_state()), timeout_s=30)
+    torch.save({"sent": sent}, f"{out}/sent.pt")
+
+
+def test_state_crosses_a_loopback_connection_with_views_and_dedup(tmp_path):
     store = LoopbackStore()
-    mp.spawn(_peer, args=(store.port, str(tmp_path)), nprocs=2)
-    got = torch.load(tmp_path / "received.pt", weights_only=False)
+    source = mp.get_context("spawn").Process(target=_source, args=(store.port, str(tmp_path)))
+    source.start()
+    state, received = transfer.StateReceiver("127.0.0.1", timeout_s=30).receive(_client(store.port), KEY)
+    source.join(timeout=60)
+    assert source.exitcode == 0
     sent = torch.load(tmp_path / "sent.pt")["sent"]
-    state, want = got["state"], _state()
-    assert got["received"] == sent
+    want = _state()
+    assert received == sent
     torch.testing.assert_close(state["model"], want["model"])
     torch.testing.assert_close(state["optimizer"], want["optimizer"])
+    assert state["model"]["w_t"].stride() == (1, 4)
     assert state["last_rollout_id"] == 7 and state["empty"].numel() == 0
-    assert state["model"]["w_row"].untyped_storage().data_ptr() == state["model"]["w"].untyped_storage().data_ptr()
+    torch.set_rng_state(state["rng"])  # crashed the process when a storage shared a buffer with others
+    model = state["model"]
+    assert model["w_row"].untyped_storage().data_ptr() == model["w"].untyped_storage().data_ptr()
+    assert model["large_tail"].untyped_storage().data_ptr() == model["large"].untyped_storage().data_ptr()
+    assert model["large_too"].untyped_storage().data_ptr() != model["large"].untyped_storage().data_ptr()
     meta, _ = transfer.encode(want)
-    assert state["model"]["large_tail"].untyped_storage().data_ptr() == state["model"]["large"].untyped_storage().data_ptr()
-    # w and w_row share one storage, sent once: 12 floats + 5 doubles + step + 4 floats; large and
-    # large_tail too, next to large_too.
-    assert sent == len(meta) + 12 * 4 + 5 * 8 + 4 + 4 * 4 + 2 * 4 * (transfer.DIRECT_BYTES // 4 + 3)
+    # w, w_row and w_t share one storage, sent once: 3 bytes + 12 floats + 5 doubles + step + 4 floats + the
+    # generator state; large and large_tail too, next to large_too.
+    assert sent == (len(meta) + 3 + 12 * 4 + 5 * 8 + 4 + 4 * 4 + want["rng"].numel()
+                    + 2 * 4 * (transfer.LARGE_BYTES // 4 + 3))
+
+
+def _through_a_socket_pair(state, into=None):
+    source, receiver = socket.socketpair()
+    sender = threading.Thread(target=transfer.send_state, args=(source, transfer.encode(state)))
+    sender.start()
+    received, _ = transfer.recv_state(receiver, transfer.layout(into) if into is not None else None)
+    sender.join()
+    return received
+
+
+def test_received_state_can_be_sent_on():
+    """A healed cell is the next heal's source: its state, partly on huge-page mappings, re-encodes."""
+    again = _through_a_socket_pair(_through_a_socket_pair(_state()))
+    torch.testing.assert_close(again["model"], _state()["model"])
+    torch.testing.assert_close(again["optimizer"], _state()["optimizer"])
+
+
+def test_a_source_that_dies_mid_transfer_fails_the_receive_at_once():
+    source, receiver = socket.socketpair()
+    meta, storages = transfer.encode(_state())
+    sizes = [s.numel() for s in storages]
+    source.sendall(transfer._HEADER.pack(len(storages), len(meta)) + meta)
+    source.sendall(b"".join(n.to_bytes(8, "little") for n in sizes) + b"\0" * 100)
+    source.close()
+    started = time.monotonic()
+    with pytest.raises(ConnectionError, match="closed the heal transfer"):
+        transfer.recv_state(receiver)
+    assert time.monotonic() - started < 5
+
+
+def test_a_receiver_of_the_same_layout_receives_into_its_own_tensors():
+    own = _zeroed(_state())
+    pointers = {name: t.data_ptr() for name, t in own["model"].items()}
+    source, receiver = socket.socketpair()
+    sender = threading.Thread(target=transfer.send_state, args=(source, transfer.encode(_state())))
+    sender.start()
+    state, _ = transfer.recv_state(receiver, transfer.layout(own))
+    sender.join()
+    torch.testing.assert_close(own["model"], _state()["model"])  # the bytes landed in own's tensors
+    torch.testing.assert_close(own["optimizer"], _state()["optimizer"])
+    assert {name: t.data_ptr() for name, t in state["model"].items()} == pointers
+
+
+def test_a_receiver_of_another_layout_keeps_its_tensors_and_gets_fresh_ones():
+    own = _zeroed(_state())
+    own["optimizer"] = [{"state": {}}]  # e.g. an optimizer that makes its state at the first step
+    state = _through_a_socket_pair(_state(), into=own)
+    torch.testing.assert_close(state["model"], _state()["model"])
+    assert not own["model"]["w"].any() and state["model"]["w"].data_ptr() != own["model"]["w"].data_ptr()
+
+
+def _zeroed(state):
+    """A copy of ``state``'s layout (its storage sharing included), every byte zero."""
+    copy = _through_a_socket_pair(state)
+    for storage in transfer.flatten(copy)[2]:
+        storage.zero_()
+    return copy
+
+
+@pytest.mark.parametrize("stage", ["accept", "recv"])
+def test_cancel_ends_a_waiting_receive_at_once(stage):
+    """A released heal must stop writing before the rank moves on: cancel wakes the receive wherever it waits."""
+    store = LoopbackStore()
+    receiver = transfer.StateReceiver("127.0.0.1", timeout_s=60)
+    errors = []
+
+    def receive():
+        try:
+            receiver.receive(_client(store.port), KEY)
+        except OSError as e:
+            errors.append(e)
+
+    thread = threading.Thread(target=receive)
+    thread.start()
+    address = _client(store.port).get(KEY).decode()
+    if stage == "recv":  # a source that sent the header and then hung
+        host, port = address.rsplit(":", 1)
+        hung = socket.create_connection((host, int(port)))
+        hung.sendall(transfer._HEADER.pack(1, 10))
+    time.sleep(0.2)
+    started = time.monotonic()
+    receiver.cancel()
+    thread.join(timeout=5)
+    assert not thread.is_alive() and time.monotonic() - started < 5
+    assert errors, "the receive returned as if it had a state"

@@ -62,7 +62,7 @@ def nonzero_witness_ranges(witness: Witness) -> list[IdRange]:
 @torch.no_grad()
 def zero_witness_rows(witness: Witness, optimizer: torch.optim.Optimizer, ranges: list[IdRange]) -> None:
     """Zero the rows of ``ranges`` in the weight and in Adam's moments, so a reused slot starts at 0."""
-    state = optimizer.state.get(witness.weight)  # absent until the first step
+    state = optimizer.state.get(witness.weight)  # absent until the first step, unless made up front
     tensors = [witness.weight] + ([state["exp_avg"], state["exp_avg_sq"]] if state else [])
     for tensor in tensors:
         for start, stop in ranges:

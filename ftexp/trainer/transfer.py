@@ -32,7 +32,7 @@ import pickle
 import socket
 import struct
 import threading
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import torch
 
@@ -44,8 +44,8 @@ class _TensorRef(int):
     """A tensor's place in the hollow structure: the index of its view."""
 
 
-def flatten(state: Any) -> tuple[Any, list[tuple], list[torch.Tensor]]:
-    """Split ``state`` into (hollow structure, views, unique storages as uint8).
+def _flatten(state: Any) -> tuple[Any, list[tuple], list[torch.Tensor], list[torch.Tensor]]:
+    """Split ``state`` into (hollow structure, views, unique storages as uint8, its tensors in view order).
 
     A tensor becomes a :class:`_TensorRef` in the hollow structure; its view is the tuple
     ``(storage index, dtype, shape, stride, storage offset)``. Two states of one layout (same
@@ -54,6 +54,7 @@ def flatten(state: Any) -> tuple[Any, list[tuple], list[torch.Tensor]]:
     storages: list[torch.Tensor] = []
     storage_ids: dict[int, int] = {}
     views: list[tuple] = []
+    tensors: list[torch.Tensor] = []
 
     def hollow(obj: Any) -> Any:
         if isinstance(obj, torch.Tensor):
@@ -64,6 +65,7 @@ def flatten(state: Any) -> tuple[Any, list[tuple], list[torch.Tensor]]:
                 storage_ids[key] = len(storages)
                 storages.append(torch.empty(0, dtype=torch.uint8).set_(storage))
             views.append((storage_ids[key], t.dtype, tuple(t.shape), tuple(t.stride()), t.storage_offset()))
+            tensors.append(obj)
             return _TensorRef(len(views) - 1)
         if isinstance(obj, dict):
             return {k: hollow(v) for k, v in obj.items()}
@@ -72,7 +74,7 @@ def flatten(state: Any) -> tuple[Any, list[tuple], list[torch.Tensor]]:
         return obj
 
     skeleton = hollow(state)
-    return skeleton, views, storages
+    return skeleton, views, storages, tensors
 
 
 class Encoded(NamedTuple):
@@ -82,32 +84,39 @@ class Encoded(NamedTuple):
 
 
 class Layout(NamedTuple):
-    """A state's views and storages: what a receiver compares with the sender's to receive in place."""
+    """A state's views and storages, what a receiver compares with the sender's to receive in place, and
+    its tensors, which the received state then reuses."""
     views: list[tuple]
     storages: list[torch.Tensor]
+    tensors: list[torch.Tensor]
 
 
 def encode(state: Any) -> Encoded:
-    skeleton, views, storages = flatten(state)
+    skeleton, views, storages, _ = _flatten(state)
     return Encoded(pickle.dumps((skeleton, views), protocol=pickle.HIGHEST_PROTOCOL), storages)
 
 
 def layout(state: Any) -> Layout:
-    _, views, storages = flatten(state)
-    return Layout(views, storages)
+    _, views, storages, tensors = _flatten(state)
+    return Layout(views, storages, tensors)
 
 
 def decode(meta: bytes, storages: list[torch.Tensor]) -> Any:
     """Inverse of :func:`encode`; decoded tensors alias the received storages (whole uint8 tensors)."""
     skeleton, views = pickle.loads(meta)
-    return _fill(skeleton, views, storages)
+    return _fill(skeleton, lambda ref: _view(views[ref], storages))
 
 
-def _fill(skeleton: Any, views: list[tuple], storages: list[torch.Tensor]) -> Any:
+def _view(view: tuple, storages: list[torch.Tensor]) -> torch.Tensor:
+    storage_id, dtype, shape, stride, offset = view
+    return torch.empty(0, dtype=dtype).set_(storages[storage_id].untyped_storage(), offset, shape, stride)
+
+
+def _fill(skeleton: Any, tensor_of: Callable[[_TensorRef], torch.Tensor]) -> Any:
+    """The hollow structure with each tensor reference replaced by ``tensor_of(reference)``."""
     def fill(obj: Any) -> Any:
         if isinstance(obj, _TensorRef):
-            storage_id, dtype, shape, stride, offset = views[obj]
-            return torch.empty(0, dtype=dtype).set_(storages[storage_id].untyped_storage(), offset, shape, stride)
+            return tensor_of(obj)
         if isinstance(obj, dict):
             return {k: fill(val) for k, val in obj.items()}
         if isinstance(obj, (list, tuple)):
@@ -166,7 +175,8 @@ def recv_state(conn: socket.socket, into: Layout | None = None) -> tuple[Any, in
     meta = _recv_bytes(conn, meta_len)
     sizes = struct.unpack(f"<{n_storages}q", _recv_bytes(conn, 8 * n_storages))
     skeleton, views = pickle.loads(meta)
-    if into is not None and into.views == views and [s.numel() for s in into.storages] == list(sizes):
+    in_place = into is not None and into.views == views and [s.numel() for s in into.storages] == list(sizes)
+    if in_place:
         storages = into.storages
     else:
         # Every storage gets memory of its own: a tensor at an offset into a shared buffer is not one
@@ -175,7 +185,8 @@ def recv_state(conn: socket.socket, into: Layout | None = None) -> tuple[Any, in
     # The small storages arrive first, back to back, then the large ones.
     for storage in sorted(storages, key=lambda s: s.numel() >= LARGE_BYTES):
         _recv_into(conn, storage)
-    return _fill(skeleton, views, storages), meta_len + sum(sizes)
+    tensor_of = into.tensors.__getitem__ if in_place else lambda ref: _view(views[ref], storages)
+    return _fill(skeleton, tensor_of), meta_len + sum(sizes)
 
 
 def heal_key(quorum_id: int, rank_within_cell: int, dst_rank: int) -> str:

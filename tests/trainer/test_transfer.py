@@ -118,7 +118,7 @@ def test_a_receiver_of_another_layout_keeps_its_tensors_and_gets_fresh_ones():
 def _zeroed(state):
     """A copy of ``state``'s layout (its storage sharing included), every byte zero."""
     copy = _through_a_socket_pair(state)
-    for storage in transfer.flatten(copy)[2]:
+    for storage in transfer.layout(copy).storages:
         storage.zero_()
     return copy
 

@@ -209,16 +209,18 @@ def fmt(value) -> str:
 def markdown(steps: list[dict], heals: list[dict], when: str) -> str:
     cols = ["mode", "run", "repeats", "load_avg", "baseline_s", "target_s", "ratio", "ratio_range", "best_ratio", "baseline_cpu_s",
             "target_cpu_s", "cpu_ratio", "cpu_ratio_range", *SECTIONS, "peak_mb"]
-    lines = [f"# ftexp step-time benchmark ({when}, one machine, one invocation)", "",
-             "Seconds per committed rollout (median, rollout 0 skipped) of the median run of `repeats` (by wall ratio; "
-             "`*_range`: the lowest and highest ratio over the repeats; `best_ratio`: the target's fastest run over "
-             "the baseline's); the target's breakdown is the median over "
-             "rollouts of the slowest cell's section times; `driver_rest_s` is the driver's step time minus its "
-             "analyzer and its slowest cell's train call (Ray round trips, refresh). `*_cpu_s`: the side's CPU "
-             "seconds per committed rollout (median; ranks, plus the target's driver), which the machine's load "
-             "(`load_avg`, 1-minute, at the run's start) moves much less than the wall times.", "",
-             "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(fmt(r[c]) for c in cols) + " |" for r in steps]
+    lines = [f"# ftexp step-time benchmark ({when}, one machine, one invocation)"]
+    if steps:
+        lines += ["",
+                 "Seconds per committed rollout (median, rollout 0 skipped) of the median run of `repeats` (by wall ratio; "
+                 "`*_range`: the lowest and highest ratio over the repeats; `best_ratio`: the target's fastest run over "
+                 "the baseline's); the target's breakdown is the median over "
+                 "rollouts of the slowest cell's section times; `driver_rest_s` is the driver's step time minus its "
+                 "analyzer and its slowest cell's train call (Ray round trips, refresh). `*_cpu_s`: the side's CPU "
+                 "seconds per committed rollout (median; ranks, plus the target's driver), which the machine's load "
+                 "(`load_avg`, 1-minute, at the run's start) moves much less than the wall times.", "",
+                 "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        lines += ["| " + " | ".join(fmt(r[c]) for c in cols) + " |" for r in steps]
     if heals:
         hcols = list(heals[0])
         lines += ["", "Crash → shrink → heal (`scenario=with_failure`), seconds. `detection_s`: the crash → the "
@@ -237,19 +239,21 @@ def main() -> int:
     parser.add_argument("--rollouts", type=int, default=16, help="rollouts per no_failure run (rollout 0 is warm-up)")
     parser.add_argument("--repeats", type=int, default=3, help="no_failure runs per configuration (the median is reported)")
     parser.add_argument("--heal", action="store_true", help="also time a with_failure run per mode")
+    parser.add_argument("--heal-only", action="store_true",
+                        help="only the with_failure runs (no step rows; latest.md, the step table, is left as it is)")
     parser.add_argument("--large", action="store_true", help="also run a ~1 s/step torch model (torch modes only)")
     parser.add_argument("--name", default=dt.datetime.now().strftime("%Y-%m-%d_%H%M"), help="results file name")
     args = parser.parse_args()
     rollouts = [f"scenario.num_rollout={args.rollouts}"]
     steps, heals = [], []
     for mode in args.modes:
-        for label, extra in [("audit on", []), ("audit off", ["trainer.audit=false"])]:
+        for label, extra in [] if args.heal_only else [("audit on", []), ("audit off", ["trainer.audit=false"])]:
             steps.append(repeated_step_row(mode, label, rollouts + extra, args.repeats))
             print(summary_line(steps[-1]), flush=True)
-        if args.large and mode in ("dp2", "dp4"):
+        if args.large and mode in ("dp2", "dp4") and not args.heal_only:
             steps.append(repeated_step_row(mode, "large, audit on", rollouts + LARGE_MODEL, args.repeats))
             print(summary_line(steps[-1]), flush=True)
-        if args.heal:
+        if args.heal or args.heal_only:
             for spare_cells in (0, 1):
                 heals.append(heal_row(mode, spare_cells, []))
                 print(summary_line(heals[-1]), flush=True)
@@ -258,7 +262,8 @@ def main() -> int:
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{args.name}.json").write_text(json.dumps({"steps": steps, "heals": heals}, indent=2))
     (RESULTS / f"{args.name}.md").write_text(table)
-    (RESULTS / "latest.md").write_text(table)
+    if steps:
+        (RESULTS / "latest.md").write_text(table)
     return 0
 
 

@@ -204,9 +204,8 @@ class StateReceiver:
 
     def __init__(self, host: str, timeout_s: float, into: Any = None):
         self.into = layout(into) if into is not None else None  # before the transfer: the source needs none of it
-        self.server = socket.create_server((host, 0))
-        self.server.settimeout(timeout_s)
-        self.timeout_s = timeout_s
+        self.host, self.timeout_s = host, timeout_s
+        self.server: socket.socket | None = None
         self.conn: socket.socket | None = None
         self.cancelled = False
         self._lock = threading.Lock()
@@ -214,8 +213,12 @@ class StateReceiver:
     def receive(self, store, key: str) -> tuple[Any, int]:
         """Publish this end's address under ``key`` in ``store``; receive a state (see :func:`recv_state`)."""
         try:
-            host, port = self.server.getsockname()
-            store.set(key, f"{host}:{port}")
+            with self._lock:
+                if self.cancelled:
+                    raise ConnectionAbortedError("heal transfer cancelled")
+                self.server = socket.create_server((self.host, 0))
+            self.server.settimeout(self.timeout_s)
+            store.set(key, f"{self.host}:{self.server.getsockname()[1]}")
             conn, _ = self.server.accept()
             with self._lock:
                 self.conn = conn

@@ -149,3 +149,12 @@ def test_cancel_ends_a_waiting_receive_at_once(stage):
     thread.join(timeout=5)
     assert not thread.is_alive() and time.monotonic() - started < 5
     assert errors, "the receive returned as if it had a state"
+
+
+def test_a_receive_cancelled_before_it_starts_neither_listens_nor_publishes():
+    store = LoopbackStore()
+    receiver = transfer.StateReceiver("127.0.0.1", timeout_s=60)
+    receiver.cancel()
+    with pytest.raises(ConnectionAbortedError):
+        receiver.receive(_client(store.port), KEY)
+    assert receiver.server is None and not _client(store.port).check([KEY])

@@ -22,6 +22,16 @@ import httpx
 from ftexp.rollout.processes import OFFLINE_ENV, end_process_group, free_port
 
 
+# free_port's pick is free when made, but the router binds it a second or two later: in between, any
+# process on the host may get it (an outgoing connection's port, another free_port), so a start that
+# fails on a taken port is retried on new ones.
+PORT_ATTEMPTS = 3
+
+
+class _PortTaken(Exception):
+    """The router exited at start because one of its ports was no longer free."""
+
+
 class Router:
     def __init__(self, policy: str = "round_robin", log_path: str | Path | None = None,
                  startup_timeout_s: float = 60.0, extra_args: tuple[str, ...] = ()) -> None:
@@ -51,10 +61,23 @@ class Router:
             raise ValueError("the router needs at least one worker URL")
         if not (Path(tokenizer_path) / "tokenizer.json").is_file():
             raise ValueError(f"no tokenizer.json in {tokenizer_path}: the router would fetch one from the hub")
+        started = time.monotonic()
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            try:
+                self._launch(worker_urls, tokenizer_path)
+                break
+            except _PortTaken:
+                if attempt == PORT_ATTEMPTS:
+                    raise RuntimeError(f"sglang router: its ports were taken at start {PORT_ATTEMPTS} times "
+                                       f"(log: {self.log_path})") from None
+        self.start_seconds = time.monotonic() - started
+        return self.url
+
+    def _launch(self, worker_urls: list[str], tokenizer_path: str | Path) -> None:
         port = free_port()
         command = self.command(worker_urls, tokenizer_path, port, free_port())
+        log_offset = self.log_path.stat().st_size if self.log_path is not None and self.log_path.exists() else 0
         output = open(self.log_path, "ab") if self.log_path is not None else subprocess.DEVNULL
-        started = time.monotonic()
         try:
             self.process = subprocess.Popen(command, env={**os.environ, **OFFLINE_ENV}, stdin=subprocess.DEVNULL,
                                             stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
@@ -63,19 +86,19 @@ class Router:
                 output.close()
         self.url = f"http://127.0.0.1:{port}"
         try:
-            self._wait_ready(len(worker_urls))
+            self._wait_ready(len(worker_urls), log_offset)
         except BaseException:
             self.stop()
             raise
-        self.start_seconds = time.monotonic() - started
-        return self.url
 
-    def _wait_ready(self, workers: int) -> None:
+    def _wait_ready(self, workers: int, log_offset: int) -> None:
         deadline = time.monotonic() + self.startup_timeout_s
         last = "no answer"
         with httpx.Client(trust_env=False, timeout=2.0) as http:
             while True:
                 if self.process.poll() is not None:
+                    if self._port_taken(log_offset):
+                        raise _PortTaken
                     where = f" (log: {self.log_path})" if self.log_path else ""
                     raise RuntimeError(f"sglang router exited with code {self.process.returncode} at start{where}")
                 try:
@@ -90,6 +113,14 @@ class Router:
                     raise RuntimeError(f"sglang router at {self.url} not ready within {self.startup_timeout_s:.0f} s "
                                        f"({last})")
                 time.sleep(0.1)
+
+    def _port_taken(self, log_offset: int) -> bool:
+        """Whether this launch's log output says a port was in use."""
+        if self.log_path is None or not self.log_path.exists():
+            return False
+        with open(self.log_path, "rb") as log:
+            log.seek(log_offset)
+            return b"Address already in use" in log.read()
 
     @property
     def pid(self) -> int | None:

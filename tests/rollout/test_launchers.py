@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
+from ftexp.rollout import router as router_module
 from ftexp.rollout.processes import free_port
 from ftexp.rollout.router import Router
 from ftexp.rollout.sglang_launcher import SglangServerSpec, command
@@ -52,3 +55,28 @@ def test_router_not_ready_without_healthy_workers_is_stopped(model_dir):
     with pytest.raises(RuntimeError, match=r"not ready within 3 s \((insufficient healthy workers|ConnectError)\)"):
         router.start([f"http://127.0.0.1:{free_port()}"], model_dir)  # nothing listens there
     assert router.process is None and router.url is None
+
+
+def _held_port_first(monkeypatch, times: int):
+    """free_port hands out a port another socket holds, ``times`` times, then free ones."""
+    held = socket.create_server(("127.0.0.1", 0))
+    picks = iter([held.getsockname()[1]] * times)
+    monkeypatch.setattr(router_module, "free_port", lambda: next(picks, None) or free_port())
+    return held
+
+
+def test_a_router_port_taken_before_it_binds_is_retried_on_new_ports(model_dir, tmp_path, monkeypatch):
+    held = _held_port_first(monkeypatch, times=1)
+    router = Router(startup_timeout_s=3, log_path=tmp_path / "router.log")
+    with held, pytest.raises(RuntimeError, match="not ready within 3 s"):  # past the taken port: no worker listens
+        router.start([f"http://127.0.0.1:{free_port()}"], model_dir)
+    assert (tmp_path / "router.log").read_text().count("Address already in use") >= 1
+    assert router.process is None
+
+
+def test_a_router_whose_ports_stay_taken_fails_naming_it(model_dir, tmp_path, monkeypatch):
+    held = _held_port_first(monkeypatch, times=2 * router_module.PORT_ATTEMPTS)
+    router = Router(startup_timeout_s=10, log_path=tmp_path / "router.log")
+    with held, pytest.raises(RuntimeError, match="ports were taken at start 3 times"):
+        router.start([f"http://127.0.0.1:{free_port()}"], model_dir)
+    assert router.process is None

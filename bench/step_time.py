@@ -206,30 +206,32 @@ def fmt(value) -> str:
     return f"{value:.3f}" if isinstance(value, float) else str(value)
 
 
+def _table(intro: str, rows: list[dict], cols: list[str]) -> list[str]:
+    """A markdown section: ``intro``, then ``rows`` as a table of ``cols``."""
+    return ["", intro, "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols),
+            *("| " + " | ".join(fmt(r[c]) for c in cols) + " |" for r in rows)]
+
+
 def markdown(steps: list[dict], heals: list[dict], when: str) -> str:
     cols = ["mode", "run", "repeats", "load_avg", "baseline_s", "target_s", "ratio", "ratio_range", "best_ratio", "baseline_cpu_s",
             "target_cpu_s", "cpu_ratio", "cpu_ratio_range", *SECTIONS, "peak_mb"]
     lines = [f"# ftexp step-time benchmark ({when}, one machine, one invocation)"]
     if steps:
-        lines += ["",
-                 "Seconds per committed rollout (median, rollout 0 skipped) of the median run of `repeats` (by wall ratio; "
-                 "`*_range`: the lowest and highest ratio over the repeats; `best_ratio`: the target's fastest run over "
-                 "the baseline's); the target's breakdown is the median over "
-                 "rollouts of the slowest cell's section times; `driver_rest_s` is the driver's step time minus its "
-                 "analyzer and its slowest cell's train call (Ray round trips, refresh). `*_cpu_s`: the side's CPU "
-                 "seconds per committed rollout (median; ranks, plus the target's driver), which the machine's load "
-                 "(`load_avg`, 1-minute, at the run's start) moves much less than the wall times.", "",
-                 "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-        lines += ["| " + " | ".join(fmt(r[c]) for c in cols) + " |" for r in steps]
+        lines += _table(
+            "Seconds per committed rollout (median, rollout 0 skipped) of the median run of `repeats` (by wall ratio; "
+            "`*_range`: the lowest and highest ratio over the repeats; `best_ratio`: the target's fastest run over "
+            "the baseline's); the target's breakdown is the median over "
+            "rollouts of the slowest cell's section times; `driver_rest_s` is the driver's step time minus its "
+            "analyzer and its slowest cell's train call (Ray round trips, refresh). `*_cpu_s`: the side's CPU "
+            "seconds per committed rollout (median; ranks, plus the target's driver), which the machine's load "
+            "(`load_avg`, 1-minute, at the run's start) moves much less than the wall times.", steps, cols)
     if heals:
-        hcols = list(heals[0])
-        lines += ["", "Crash → shrink → heal (`scenario=with_failure`), seconds. `detection_s`: the crash → the "
-                  "shrink; `allocate_s` … `heal_first_commit_s`: the heal's steps; `start_to_commit_s`: the cell's "
-                  "restart request → its first commit; `fault_to_commit_s`: the crash → the first commit with every "
-                  "cell back (this plan restarts the cell only after the shrunk rollout committed); `transfer_vs_loopback`: "
-                  "the heal's bytes/s over a raw loopback socket copy of the same bytes:", "",
-                  "| " + " | ".join(hcols) + " |", "|" + "---|" * len(hcols)]
-        lines += ["| " + " | ".join(fmt(r[c]) for c in hcols) + " |" for r in heals]
+        lines += _table(
+            "Crash → shrink → heal (`scenario=with_failure`), seconds. `detection_s`: the crash → the "
+            "shrink; `allocate_s` … `heal_first_commit_s`: the heal's steps; `start_to_commit_s`: the cell's "
+            "restart request → its first commit; `fault_to_commit_s`: the crash → the first commit with every "
+            "cell back (this plan restarts the cell only after the shrunk rollout committed); `transfer_vs_loopback`: "
+            "the heal's bytes/s over a raw loopback socket copy of the same bytes:", heals, list(heals[0]))
     return "\n".join(lines) + "\n"
 
 

@@ -99,6 +99,21 @@ class Engine(Protocol):
         (they receive the weights from the trainer, by HF tensor name, through ``Replica.export_hf``)."""
 
 
+def make_adam_state(optimizer: torch.optim.Optimizer) -> None:
+    """Give every parameter of a torch Adam or AdamW its state now, as the first step would make it.
+
+    Zero moments and step 0, so the steps run exactly as on state made lazily. A heal then lands the
+    source's moments in these pages, which already exist, instead of in fresh memory (``ftexp.trainer.transfer``).
+    """
+    for group in optimizer.param_groups:
+        if group.get("amsgrad") or group.get("capturable") or group.get("fused"):
+            raise ValueError("Adam's state is made up front only for plain Adam (no amsgrad, capturable or fused)")
+        for p in group["params"]:
+            optimizer.state[p] = {"step": torch.tensor(0.0),
+                                  "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
+                                  "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format)}
+
+
 def step_metrics(stats: torch.Tensor, grad_norm: float, lr: float, rollout: dict) -> dict[str, float]:
     """The metrics of a committed step, the same keys for every engine."""
     out = {f"train/{k}": float(v) for k, v in zip(STAT_KEYS, stats)}

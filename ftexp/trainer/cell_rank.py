@@ -230,6 +230,7 @@ class CellRank:
                 [(state, received)] = box
         except Exception as e:
             return self._quorum_failed(info, e)
+        t2 = time.monotonic()
         if recv_src_rank is not None:
             if control == NegativeControl.skip_optimizer_transfer:
                 state["optimizer"] = self.replica.optimizer.state_dict()
@@ -237,8 +238,8 @@ class CellRank:
                 state["rng"] = rng_state()  # the bug: the healed cell keeps its own fresh generators
             if control != NegativeControl.skip_heal_transfer:
                 self.replica.load_state_dict(state)
-        return {"ok": True, "configure_s": t1 - t0, "transfer_s": time.monotonic() - t1, "bytes": received,
-                "last_rollout_id": self.replica.last_rollout_id}
+        return {"ok": True, "configure_s": t1 - t0, "transfer_s": t2 - t1, "load_s": time.monotonic() - t2,
+                "bytes": received, "last_rollout_id": self.replica.last_rollout_id}
 
     def reconfigure(self, info: IndepDPInfo, send_to: list[int]) -> dict[str, Any]:
         """Move to a new quorum; as the healing source, send the full state to each new alive rank.
@@ -261,7 +262,8 @@ class CellRank:
                                self._release_event(info.quorum_id))
         except Exception as e:
             return self._quorum_failed(info, e)
-        return {"ok": True, "configure_s": t1 - t0, "transfer_s": time.monotonic() - t1, "bytes": sum(sent)}
+        return {"ok": True, "configure_s": t1 - t0, "transfer_s": time.monotonic() - t1, "load_s": 0.0,
+                "bytes": sum(sent)}
 
     def _quorum_failed(self, info: IndepDPInfo, error: Exception) -> dict[str, Any]:
         log.warning("joining quorum %d failed: %s", info.quorum_id, error)

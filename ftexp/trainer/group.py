@@ -252,6 +252,7 @@ class TrainGroup:
                 "allocate_s": t_allocated - t0,
                 "configure_s": max(r["configure_s"] for rs in results.values() for r in rs),
                 "transfer_s": max(r["transfer_s"] for rs in results.values() for r in rs),
+                "load_s": max(r["load_s"] for rs in results.values() for r in rs),
                 "reconfigure_total_s": time.monotonic() - t0,
             }
         event = CellReconfigureEvent(

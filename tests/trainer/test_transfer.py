@@ -81,6 +81,16 @@ def test_received_state_can_be_sent_on():
     torch.testing.assert_close(again["optimizer"], _state()["optimizer"])
 
 
+def test_more_storages_than_one_scatter_call_takes_cross_in_order():
+    """Thousands of small storages (more buffers than one sendmsg/recvmsg_into takes), around a large one
+    that no socket buffer holds at once, so both ends resume mid-buffer."""
+    state = {"small": [torch.full((i % 7 + 1,), float(i)) for i in range(2 * transfer._IOV_MAX + 5)],
+             "large": torch.arange(4 * transfer.LARGE_BYTES, dtype=torch.float32), "last": torch.tensor([-1.0])}
+    for into in (None, _zeroed(state)):
+        received = _through_a_socket_pair(state, into=into)
+        torch.testing.assert_close(received, state)
+
+
 def test_a_source_that_dies_mid_transfer_fails_the_receive_at_once():
     source, receiver = socket.socketpair()
     meta, storages = transfer.encode(_state())

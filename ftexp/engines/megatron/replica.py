@@ -33,7 +33,8 @@ import torch.nn.functional as F
 
 from ftexp.audit.checksums import hash_tree, rng_hashes, tensor_hash
 from ftexp.audit.dumps import remove_dumps_at, write_dump
-from ftexp.engines.base import CLIP_GRAD, STAT_KEYS, rng_state, seed_rngs, set_rng_state, step_metrics
+from ftexp.engines.base import (CLIP_GRAD, STAT_KEYS, make_adam_state, rng_state, seed_rngs, set_rng_state,
+                               step_metrics)
 from ftexp.engines.collectives import sum_across
 from ftexp.engines.grpo import PAD_TOKEN, TrainBatch, ppo_clip
 from ftexp.engines.megatron.hf_export import gather_full_tensors, to_hf
@@ -78,6 +79,8 @@ class MegatronReplica:
         self.model, self.optimizer = mg.wrap_for_training(
             module, lr=trainer_cfg.lr, adam_eps=trainer_cfg.adam_eps, clip_grad=CLIP_GRAD,
             betas=tuple(trainer_cfg.betas), weight_decay=trainer_cfg.weight_decay)
+        for wrapper in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):  # dense, experts
+            make_adam_state(wrapper.optimizer)
         self.module = module
         ps = _mp()
         self.coords = {"pp": ps.get_pipeline_model_parallel_rank(), "tp": ps.get_tensor_model_parallel_rank(),

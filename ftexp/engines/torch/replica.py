@@ -20,7 +20,8 @@ from ftexp.audit.checksums import rng_hashes, tensor_hash
 from ftexp.audit.dumps import remove_dumps_at, write_dump
 from ftexp.audit.witness import IdRange
 from ftexp.config import TrainerConfig
-from ftexp.engines.base import CLIP_GRAD, STAT_KEYS, rng_state, seed_rngs, set_rng_state, step_metrics
+from ftexp.engines.base import (CLIP_GRAD, STAT_KEYS, make_adam_state, rng_state, seed_rngs, set_rng_state,
+                               step_metrics)
 from ftexp.engines.grpo import TrainBatch
 from ftexp.engines.torch.loss import grpo_loss
 from ftexp.engines.torch.model import build_model
@@ -50,11 +51,7 @@ class TorchReplica:
         self.optimizer = torch.optim.Adam(self.params, lr=trainer_cfg.lr, betas=tuple(trainer_cfg.betas),
                                           weight_decay=trainer_cfg.weight_decay, eps=trainer_cfg.adam_eps,
                                           foreach=False)
-        # Adam's state made now, as its first step would make it (zero moments, step 0): a heal then lands the
-        # source's moments in these pages, which already exist, instead of in fresh memory (ftexp.trainer.transfer).
-        for p in self.params:
-            self.optimizer.state[p] = {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(p),
-                                       "exp_avg_sq": torch.zeros_like(p)}
+        make_adam_state(self.optimizer)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda=lambda _: 1.0)
         self.last_rollout_id = -1  # the last committed rollout
 

@@ -12,8 +12,9 @@ the baseline's rollouts and the target's; so each side's CPU seconds per committ
 reported too (its ranks' processes, plus the target's driver; Ray's own daemons not counted), with
 their ratio, and the load average at the start of each run. ``--heal`` adds ``with_failure`` runs
 per mode, without and with one warm spare (``trainer.spare_cells=1``): crash → detect → shrink,
-and the heal's start request → allocate → configure → transfer → first commit, and the transfer's
-rate over a raw loopback socket copy of the same bytes (``loopback_copy.py``).
+and the heal's start request → allocate → configure → transfer → load → first commit, and the transfer's
+rate over a raw loopback socket copy of the same bytes (``loopback_copy.py``): on one connection, and
+split over as many connections as the heal used (one per rank pair), all at once.
 The two sides of one run train one after the other, and on a shared 2-core machine the same
 configuration's ratio moves by tens of percent between runs (dp2 audits off: 1.15–1.77 over three
 runs in a row); each configuration therefore runs ``--repeats`` times and the row gives the median
@@ -197,8 +198,12 @@ def heal_row(mode: str, spare_cells: int, overrides: list[str]) -> dict:
                 "heal_first_commit_s": heal["first_commit_s"],
                 "start_to_commit_s": heal.get("start_to_commit_s"), "fault_to_commit_s": heal.get("fault_to_commit_s"),
                 "heal_bytes": heal["bytes"], "heal_bytes_per_s": heal.get("heal_bytes_per_s"),
+                "connections": heal.get("connections"),
                 "transfer_vs_loopback": (heal["heal_bytes_per_s"] / loopback_bytes_per_s(heal["bytes"])
-                                         if heal.get("heal_bytes_per_s") else None)}
+                                         if heal.get("heal_bytes_per_s") else None),
+                "transfer_vs_loopback_same_connections": (
+                    heal["heal_bytes_per_s"] / loopback_bytes_per_s(heal["bytes"], connections=heal["connections"])
+                    if heal.get("heal_bytes_per_s") else None)}
 
 
 def fmt(value) -> str:
@@ -233,7 +238,8 @@ def markdown(steps: list[dict], heals: list[dict], when: str) -> str:
             "restart request → its first commit; `transfer_s`: the rendezvous' end → the last byte received; `load_s`: the "
             "healed replica taking the received state in; `fault_to_commit_s`: the crash → the first commit with every "
             "cell back (this plan restarts the cell only after the shrunk rollout committed); `transfer_vs_loopback`: "
-            "the heal's bytes/s over a raw loopback socket copy of the same bytes:", heals, list(heals[0]))
+            "the heal's bytes/s over a raw loopback socket copy of the same bytes; `…_same_connections`: over a raw copy "
+            "of the same bytes split over the heal's `connections` (one per rank pair), all at once:", heals, list(heals[0]))
     return "\n".join(lines) + "\n"
 
 

@@ -71,6 +71,7 @@ class CellReconfigureEvent(_Event):
     # Heal timings (seconds) and bytes, for the report; empty for a pure shrink.
     timings: dict[str, float] = Field(default_factory=dict)
     bytes_transferred: int = 0
+    transfer_connections: int = 0  # the connections those bytes took: one per rank of each healed cell
     spare_cell_indices: list[int] = Field(default_factory=list)  # healed cells that took a warm spare's ranks
 
 

@@ -44,6 +44,7 @@ def recovery_timings(events_dir: Path, name: str) -> CheckResult:
                 row["node_lost"] = fault.node_index
         elif e.timings.get("transfer_s"):
             row["heal_bytes_per_s"] = round(e.bytes_transferred / e.timings["transfer_s"])
+            row["connections"] = e.transfer_connections
         if e.healed_cell_indices:
             row["spare"] = set(e.spare_cell_indices) == set(e.healed_cell_indices)
             start = next((s for s in reversed(starts) if s.timestamp <= e.timestamp and s.cell_index in e.healed_cell_indices), None)

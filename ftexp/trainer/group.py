@@ -259,7 +259,8 @@ class TrainGroup:
             rollout_id=rollout_id, quorum_id=self.quorum_id, src_cell_index=src if pending else None,
             healed_cell_indices=pending, alive_cell_indices_after=will_alive, timings=timings,
             spare_cell_indices=[i for i in pending if self._spare_taken.get(i) == self.cells[i].incarnation],
-            bytes_transferred=sum(r["bytes"] for r in results[src]) if pending else 0)
+            bytes_transferred=sum(r["bytes"] for r in results[src]) if pending else 0,
+            transfer_connections=self.ranks_per_cell * len(pending))
         self.events.log(event)
         log.info("quorum %d: alive %s (healed %s from cell %s)", self.quorum_id, will_alive, pending,
                  src if pending else None)

@@ -57,7 +57,7 @@ def test_pp_cp_cells_crash_shrink_and_heal(runs):
         {"rollout_id": 3, "src_cell_index": 0, "healed_cell_indices": [1], "alive_cell_indices_after": [0, 1]},
     ]
     heal = checks["phase_b/recovery"]["details"]["recoveries"][1]
-    assert heal["bytes"] > 0
+    assert heal["bytes"] > 0 and heal["connections"] == 4  # one per rank pair
     # The healed cell's 4 ranks each got their own shard: their checksums equal cell 0's, rank by rank.
     assert checks["phase_b/target_event_analyzer"]["details"]["issues"] == []
     ckpt = run_dir / "target" / "phase_a" / "ckpt" / "iter_0000000"

@@ -106,7 +106,11 @@ def layout(state: Any) -> Layout:
 
 def decode(meta: bytes, storages: list[torch.Tensor]) -> Any:
     """Inverse of :func:`encode`; decoded tensors alias the received storages (whole uint8 tensors)."""
-    skeleton, views = pickle.loads(meta)
+    return _rebuild(*pickle.loads(meta), storages)
+
+
+def _rebuild(skeleton: Any, views: list[tuple], storages: list[torch.Tensor]) -> Any:
+    """The hollow structure with each tensor rebuilt as its view of the received storages."""
     return _fill(skeleton, lambda ref: _view(views[ref], storages))
 
 
@@ -197,8 +201,8 @@ def recv_state(conn: socket.socket, into: Layout | None = None) -> tuple[Any, in
         # every consumer takes (torch's generator state crashes on one).
         storages = [torch.empty(n, dtype=torch.uint8) if n < LARGE_BYTES else _landing(n) for n in sizes]
     _recv_into(conn, storages)
-    tensor_of = into.tensors.__getitem__ if in_place else lambda ref: _view(views[ref], storages)
-    return _fill(skeleton, tensor_of), meta_len + sum(sizes)
+    state = _fill(skeleton, into.tensors.__getitem__) if in_place else _rebuild(skeleton, views, storages)
+    return state, meta_len + sum(sizes)
 
 
 def heal_key(quorum_id: int, rank_within_cell: int, dst_rank: int) -> str:

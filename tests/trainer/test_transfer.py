@@ -67,7 +67,9 @@ def test_state_crosses_a_loopback_connection_with_views_and_dedup(tmp_path):
 
 def _through_a_socket_pair(state, into=None):
     source, receiver = socket.socketpair()
-    sender = threading.Thread(target=transfer.send_state, args=(source, transfer.encode(state)))
+    for end in (source, receiver):
+        end.settimeout(10)  # a transfer that loses or misplaces bytes fails here instead of hanging
+    sender = threading.Thread(target=transfer.send_state, args=(source, transfer.encode(state)), daemon=True)
     sender.start()
     received, _ = transfer.recv_state(receiver, transfer.layout(into) if into is not None else None)
     sender.join()
@@ -107,11 +109,7 @@ def test_a_source_that_dies_mid_transfer_fails_the_receive_at_once():
 def test_a_receiver_of_the_same_layout_receives_into_its_own_tensors():
     own = _zeroed(_state())
     pointers = {name: t.data_ptr() for name, t in own["model"].items()}
-    source, receiver = socket.socketpair()
-    sender = threading.Thread(target=transfer.send_state, args=(source, transfer.encode(_state())))
-    sender.start()
-    state, _ = transfer.recv_state(receiver, transfer.layout(own))
-    sender.join()
+    state = _through_a_socket_pair(_state(), into=own)
     torch.testing.assert_close(own["model"], _state()["model"])  # the bytes landed in own's tensors
     torch.testing.assert_close(own["optimizer"], _state()["optimizer"])
     assert {name: t.data_ptr() for name, t in state["model"].items()} == pointers

@@ -50,13 +50,19 @@ def _group(tmp_path) -> TrainGroup:
     return group
 
 
-def _freezes(actor) -> bool:
-    """Whether the actor stops answering within a few heartbeats (the fault lands on another thread)."""
-    for _ in range(10):
+def _freezes(actor, within_s: float = 30.0) -> bool:
+    """Whether the actor stops answering heartbeats within ``within_s``.
+
+    The fault lands on another thread of the actor when that thread gets the GIL, which on a loaded
+    machine can come after many quick heartbeats: so the wait is bounded by time, not by a count.
+    """
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
         try:
             ray.get(actor.heartbeat.remote(), timeout=1.0)
         except ray.exceptions.GetTimeoutError:
             return True
+        time.sleep(0.1)
     return False
 
 

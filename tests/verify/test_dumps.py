@@ -7,7 +7,8 @@ import re
 import pytest
 import torch
 
-from ftexp.audit.dumps import write_dump
+import ftexp.verify.dumps as dumps
+from ftexp.audit.dumps import load_dump, write_dump
 from ftexp.errors import InputError
 from ftexp.verify.dumps import compare_dumps, leaf_set
 from ftexp.verify.predicate import PredicateError, parse_predicate
@@ -361,3 +362,33 @@ def test_no_dead_rule_issue_without_tensors(tmp_path):
 def test_bad_rule_features_are_input_errors(tmp_path, rule, message):
     with pytest.raises(InputError, match=re.escape(message)):
         compare_dumps(tmp_path, tmp_path, [rule])
+
+
+def test_a_verdict_reads_each_dump_file_once_and_a_rewritten_one_again(sides, monkeypatch):
+    base, target, tensors = sides
+    monkeypatch.setattr(dumps, "_RECENT", dumps._RecentTensors(max_bytes=1 << 20))
+    reads = []
+    monkeypatch.setattr(dumps, "load_dump", lambda path: reads.append(path) or load_dump(path))
+    for _ in range(2):  # as a verdict does: once per rule set
+        assert compare_dumps(base, target, RULES).passed
+    assert len(reads) == len(set(reads)) == 2 * len(LEAVES) * len(tensors)
+
+    # Rewritten in place (same file, other values): read again, and the verdict sees the new values.
+    [victim] = (base / "fwd_bwd/rollout_1").glob("*name=grad__w*")
+    payload = torch.load(victim, weights_only=True)
+    torch.save({**payload, "value": payload["value"] * 2}, victim)
+    result = compare_dumps(base, target, RULES)
+    assert not result.passed and by_name(result, "grad__w").status == "failed"
+    assert reads.count(victim) == 2
+
+
+def test_recent_tensors_hold_at_most_their_bytes(sides, monkeypatch):
+    base, _, _ = sides
+    reads = []
+    monkeypatch.setattr(dumps, "load_dump", lambda path: reads.append(path) or load_dump(path))
+    files = sorted((base / "fwd_bwd/rollout_0").glob("*.pt"))  # 512, 512 and 32 bytes of float32
+    recent = dumps._RecentTensors(max_bytes=600)
+    for path in files + files:
+        recent.load(path)
+    assert recent.held_bytes <= 600
+    assert len(reads) > len(files)  # at most one of the two 512-byte tensors is held: the other is read again

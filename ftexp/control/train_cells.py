@@ -92,14 +92,18 @@ class ControlPlane:
         log.info("control server on %s (controller %s)", self.server.base_url, "on" if self.cfg.controller else "off")
         return port
 
-    def pause_health(self) -> None:
-        """Reconfigures pause every checker; resuming re-applies the first wait."""
-        for checker in self.checkers:
-            checker.pause()
+    def pause_health(self, indices: list[int]) -> None:
+        """A heal pauses the checkers of the cells it heals; resuming re-applies the first wait.
 
-    def resume_health(self) -> None:
-        for checker in self.checkers:
-            checker.resume()
+        The other cells' checkers keep probing through the reconfigure: their heartbeats are served
+        beside it, and a member frozen in it is found only by them.
+        """
+        for index in indices:
+            self.checkers[index].pause()
+
+    def resume_health(self, indices: list[int]) -> None:
+        for index in indices:
+            self.checkers[index].resume()
 
     def stop(self) -> None:
         if self.controller is not None:

@@ -65,7 +65,7 @@ class TrainGroup:
                                 lambda n: [make_rank(None, r, n) for r in range(ranks_per_cell)])
         self._spare_taken: dict[int, int] = {}  # cell -> the incarnation that took a warm spare's ranks
         self.cells = [Cell(i, self._ranks_for) for i in range(num_cells)]
-        self.health = None  # set by the control plane: paused around every reconfigure
+        self.health = None  # set by the control plane: the healed cells' checkers pause around a heal
         self.on_allocated = None  # multi-node: called with each cell once its new actors answer (placement events)
         self.waiting_on: dict[int, str] = {}  # cell -> the call the loop is blocked on (for hang diagnosis)
         self.departures = 0  # how many times a cell left its quorum (failed or stopped)
@@ -188,13 +188,15 @@ class TrainGroup:
                  if list(view.alive_cell_indices) != will_alive or view.quorum_id != self.quorum_id]
         if not pending and not stale and self._spent_quorum != self.quorum_id:
             return None
+        # Only the healed cells' checkers pause: a member that freezes (a deadlock holding the GIL) never
+        # answers its reconfigure call, and only its missed heartbeats get it stopped and the rest released.
         if self.health is not None:
-            self.health.pause_health()
+            self.health.pause_health(pending)
         try:
             return self._reconfigure(rollout_id, pending, alive, will_alive)
         finally:
             if self.health is not None:
-                self.health.resume_health()
+                self.health.resume_health(pending)
 
     def _reconfigure(self, rollout_id: int, pending: list[int], alive: list[int],
                      will_alive: list[int]) -> CellReconfigureEvent:

@@ -13,7 +13,8 @@ import pytest
 import ray
 
 from ftexp.audit.events import CellLifecycleEvent, CellReconfigureEvent, EventLogger, ProcessIdentity, read_events
-from ftexp.config import Engine, ModeConfig, TrainerConfig
+from ftexp.config import ControlConfig, Engine, ModeConfig, TrainerConfig
+from ftexp.control.train_cells import ControlPlane
 from ftexp.faults.plan import FaultPlan
 from ftexp.job import JobSpec
 from ftexp.rundir import SideDir
@@ -105,4 +106,47 @@ def test_a_cell_lost_mid_heal_releases_the_survivors_at_once_and_the_retry_heals
         assert [(e.cell_index, e.transition) for e in events if isinstance(e, CellLifecycleEvent)] == \
             [(2, "stopped"), (2, "start_requested"), (1, "stopped")]
     finally:
+        group.shutdown()
+
+
+def test_the_control_plane_finds_a_cell_that_freezes_before_a_heal_and_the_heal_goes_on(tmp_path):
+    """As above, with no hand on the frozen cell: its missed heartbeats get it suspended mid-reconfigure.
+
+    Checkers paused for the whole reconfigure (all of them) would leave the heal waiting for the frozen
+    cell's call forever."""
+    group = _group(tmp_path)
+    cfg = ControlConfig(enabled=True, heartbeat_interval_s=0.5, heartbeat_timeout_s=1.0, heartbeat_first_wait_s=0.5,
+                        heartbeat_failure_threshold=2, controller_poll_interval_s=0.5,
+                        controller_resume_delay_s=30.0)  # the frozen cell stays suspended through the test
+    plane = ControlPlane(group, cfg)
+    group.health = plane
+    plane.start()
+    try:
+        group.stop_cell(2, by="test")
+        group.start_cell(2, by="test")
+        group.cells[1].actors[0].inject_fault.remote("deadlock")
+        assert _freezes(group.cells[1].actors[0])
+
+        outcome = []
+
+        def heal() -> None:
+            try:
+                outcome.append(group.refresh(rollout_id=1))
+            except RetryableStepError as e:
+                outcome.append(e)
+
+        refresh = threading.Thread(target=heal, daemon=True)
+        refresh.start()
+        refresh.join(60.0)  # detection is ~3 s here; the frozen cell's call alone never returns
+        assert outcome, "the heal still waits for the frozen cell"
+        assert isinstance(outcome[0], RetryableStepError) and "quorum 1 failed" in str(outcome[0])
+        assert group.cells[1].state == CellState.STOPPED
+
+        heal = group.refresh(rollout_id=1)
+        assert (heal.src_cell_index, heal.healed_cell_indices, heal.alive_cell_indices_after) == (0, [2], [0, 2])
+        lifecycle = [(e.cell_index, e.transition, e.by) for e in read_events(tmp_path / "events")
+                     if isinstance(e, CellLifecycleEvent)]
+        assert (1, "stopped", "control_plane") in lifecycle, lifecycle
+    finally:
+        plane.stop()
         group.shutdown()

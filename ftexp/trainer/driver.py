@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import ray
 
+from ftexp.atomic_files import write_text_atomically
 from ftexp.audit.analyzer import EventAnalysisError, IncrementalAnalyzer
 from ftexp.audit.events import ControlServerStartedEvent, EventLogger, ProcessIdentity
 from ftexp.audit.witness import WitnessIdAllocator
@@ -111,8 +112,8 @@ def _start_control_plane(spec: JobSpec, group: TrainGroup, events: EventLogger) 
     port = plane.start()
     group.health = plane
     events.log(ControlServerStartedEvent(host=spec.control.host, port=port))
-    # The harness (soak injector) finds the server through this file.
-    spec.side_dir.control_file.write_text(json.dumps({"base_url": plane.server.base_url, "port": port}))
+    # The harness (soak injector) finds the server through this file, which it polls: never half written.
+    write_text_atomically(spec.side_dir.control_file, json.dumps({"base_url": plane.server.base_url, "port": port}))
     return plane
 
 

@@ -41,8 +41,16 @@ def write_dump(leaf_dir: str | Path, name: str, tensor: torch.Tensor, *, step: i
         raise ValueError(f"tensor name {name!r} may not contain '___', '=' or '/'")
     meta = {"step": step, "rank": rank, "dump_index": dump_index, "name": name, **tags}
     path = Path(leaf_dir) / dump_file_name(meta)
-    torch_save_atomically({"value": tensor.detach().cpu().clone(), "meta": meta}, path)  # never half a dump
+    value = tensor.detach().cpu()
+    if not _owns_its_storage(value):  # torch saves a view's whole storage (megatron's params live in one buffer)
+        value = value.clone()
+    torch_save_atomically({"value": value, "meta": meta}, path)  # never half a dump
     return path
+
+
+def _owns_its_storage(tensor: torch.Tensor) -> bool:
+    return (tensor.storage_offset() == 0 and tensor.is_contiguous()
+            and tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size())
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ class _Model(BaseModel):
 
 
 class CellCondition(_Model):
-    type: Literal["Allocated", "Healthy"]
+    type: Literal["Allocated", "Healthy", "Initialized"]
     status: TriState
     reason: str | None = None
     message: str | None = None

@@ -4,8 +4,11 @@ A ``CellHandle`` adapts one cell (an actor cell of the train group, or a rollout
 API: it reports its status and carries out suspend / resume / fault injection. The
 ``CellRegistry`` keeps the handles in registration order under unique names
 ``<cell-type>-<index>``. ``compute_cell_status`` is the one translation from the cell
-lifecycle state plus the health checker's tri-state to phase, conditions and ``spec.suspend``
-.
+lifecycle state plus the health checker's tri-state to phase, conditions and ``spec.suspend``.
+
+A restarted cell reads ``Healthy=True`` while it waits for its heal (nothing to probe yet), but it
+holds no model state: ``Initialized=False`` says so, and turns True once the heal has loaded its
+state. Whoever must not take the last cell with state away (the random injector) reads it.
 """
 
 from __future__ import annotations
@@ -81,10 +84,12 @@ def compute_cell_status(state_name: str, health: TriState) -> CellSnapshot:
     """
     allocated = _condition("Allocated", TriState.TRUE)
     if state_name == "AllocatedAlive":
-        return CellSnapshot("Running", [allocated, _condition("Healthy", health, _HEALTH_REASON[health])], False)
+        return CellSnapshot("Running", [allocated, _condition("Healthy", health, _HEALTH_REASON[health]),
+                                        _condition("Initialized", TriState.TRUE)], False)
     if state_name == "AllocatedUninitialized":
-        # Still initialising: the checker has nothing to probe yet.
-        return CellSnapshot("Running", [allocated, _condition("Healthy", TriState.TRUE)], False)
+        # Still initialising: the checker has nothing to probe yet, and the cell has no state to give.
+        return CellSnapshot("Running", [allocated, _condition("Healthy", TriState.TRUE),
+                                        _condition("Initialized", TriState.FALSE, "AwaitingHeal")], False)
     if state_name == "AllocatedErrored":
         return CellSnapshot("Running", [allocated, _condition("Healthy", TriState.FALSE, "ExecutionErrored")], False)
     if state_name == "Pending":

@@ -3,7 +3,8 @@
 A daemon thread polls the control server every ``poll_interval`` seconds and, at exponentially
 distributed times (mean ``time_unit_s / max(crash_probability, 0.01)``), POSTs a random failure
 mode into a random cell — but never into the last genuinely alive one, because healing needs a
-live source cell.
+live source cell. A cell is alive when it reads ``Healthy=True`` and is not ``Initialized=False``:
+a restarted cell that awaits its heal answers health checks but has no state to heal anyone from.
 
 "Genuinely" is the ``RecoveryGate``'s job. A just-killed cell keeps reading ``Healthy=True`` for
 a long while (no RPC has failed yet, and the heartbeat checker is in its grace period), so the
@@ -38,7 +39,9 @@ DEFAULT_MODES = (FailureMode.SIGKILL, FailureMode.EXIT, FailureMode.SEGFAULT)
 
 
 def is_alive(cell: Cell) -> bool:
-    return any(c.type == "Healthy" and c.status == TriState.TRUE for c in cell.status.conditions)
+    """Healthy, and holds model state (a server that does not report ``Initialized`` is taken at its word)."""
+    conditions = {c.type: c.status for c in cell.status.conditions}
+    return conditions.get("Healthy") == TriState.TRUE and conditions.get("Initialized") != TriState.FALSE
 
 
 class GateState(enum.Enum):

@@ -31,7 +31,7 @@ def k8s_status(code, reason, message):
             "code": code}
 
 
-ALIVE_HEALTHY = [condition("Allocated", "True"), condition("Healthy", "True")]
+ALIVE_HEALTHY = [condition("Allocated", "True"), condition("Healthy", "True"), condition("Initialized", "True")]
 
 
 @pytest.fixture
@@ -64,7 +64,8 @@ def test_list_is_golden_and_in_registration_order(client, cells):
         "items": [
             golden_cell("actor-0", "actor", 0, False, "Running", ALIVE_HEALTHY),
             golden_cell("actor-1", "actor", 1, False, "Running",
-                        [condition("Allocated", "True"), condition("Healthy", "Unknown", "HealthCheckUnknown")]),
+                        [condition("Allocated", "True"), condition("Healthy", "Unknown", "HealthCheckUnknown"),
+                         condition("Initialized", "True")]),
             golden_cell("rollout-0", "rollout", 0, False, "Pending", [condition("Allocated", "False")]),
         ],
     }
@@ -225,13 +226,15 @@ def test_registering_a_duplicate_name_raises():
 # ---- compute_cell_status ----------------------------------------------------------
 
 @pytest.mark.parametrize("state, health, phase, conditions, suspended", [
-    ("AllocatedAlive", TriState.TRUE, "Running", [("Allocated", "True", None), ("Healthy", "True", None)], False),
+    ("AllocatedAlive", TriState.TRUE, "Running",
+     [("Allocated", "True", None), ("Healthy", "True", None), ("Initialized", "True", None)], False),
     ("AllocatedAlive", TriState.FALSE, "Running",
-     [("Allocated", "True", None), ("Healthy", "False", "HealthCheckFailed")], False),
+     [("Allocated", "True", None), ("Healthy", "False", "HealthCheckFailed"), ("Initialized", "True", None)], False),
     ("AllocatedAlive", TriState.UNKNOWN, "Running",
-     [("Allocated", "True", None), ("Healthy", "Unknown", "HealthCheckUnknown")], False),
-    ("AllocatedUninitialized", TriState.FALSE, "Running", [("Allocated", "True", None), ("Healthy", "True", None)],
+     [("Allocated", "True", None), ("Healthy", "Unknown", "HealthCheckUnknown"), ("Initialized", "True", None)],
      False),
+    ("AllocatedUninitialized", TriState.FALSE, "Running",
+     [("Allocated", "True", None), ("Healthy", "True", None), ("Initialized", "False", "AwaitingHeal")], False),
     ("AllocatedErrored", TriState.TRUE, "Running",
      [("Allocated", "True", None), ("Healthy", "False", "ExecutionErrored")], False),
     ("Pending", TriState.TRUE, "Pending", [("Allocated", "False", None)], False),

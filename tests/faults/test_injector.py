@@ -34,10 +34,17 @@ def names(cells):
     return [c.metadata.name for c in cells]
 
 
-def test_only_healthy_true_counts_as_alive():
+def test_only_healthy_true_and_initialised_counts_as_alive():
+    # actor-5 was restarted and awaits its heal: it answers health checks but has no state to heal from.
     cells = [view("actor-0"), view("actor-1", health=TriState.UNKNOWN), view("actor-2", health=TriState.FALSE),
              view("actor-3", "Pending"), view("actor-4", "Stopped"), view("actor-5", "AllocatedUninitialized")]
-    assert names(RecoveryGate().genuinely_alive(cells)) == ["actor-0", "actor-5"]
+    assert names(RecoveryGate().genuinely_alive(cells)) == ["actor-0"]
+
+
+def test_a_server_without_the_initialized_condition_is_taken_at_its_healthy_word():
+    cell = view("actor-0")
+    cell.status.conditions = [c for c in cell.status.conditions if c.type != "Initialized"]
+    assert names(RecoveryGate().genuinely_alive([cell])) == ["actor-0"]
 
 
 def test_injected_cell_that_still_reads_alive_stays_injected_and_excluded():
@@ -66,6 +73,16 @@ def test_down_then_up_is_a_full_cycle(down):
     gate.observe(by_name(view("actor-1")))
     assert gate.state("actor-1") is None
     assert names(gate.genuinely_alive([view("actor-1")])) == ["actor-1"]
+
+
+def test_a_restarted_cell_is_up_only_once_healed():
+    gate = RecoveryGate()
+    gate.note_injected("actor-1")
+    gate.observe(by_name(view("actor-1", "Stopped")))
+    gate.observe(by_name(view("actor-1", "AllocatedUninitialized")))  # restarted, not healed yet
+    assert gate.state("actor-1") is GateState.RECOVERING
+    gate.observe(by_name(view("actor-1")))
+    assert gate.state("actor-1") is None
 
 
 def test_reinjecting_a_recovering_cell_restarts_its_cycle():
@@ -145,6 +162,20 @@ def test_injects_again_after_a_full_recovery_cycle(make_injector, clock):
     polls(clock, 1)  # seen up again: the gate forgets it ...
     polls(clock, 5)
     assert len(injector.injections) == 2  # ... and injecting resumes
+
+
+def test_cells_awaiting_their_heal_do_not_count_as_survivors(make_injector, clock):
+    # Two cells were restarted and wait for the next refresh to heal them; two hold the state. Killing
+    # both of those would leave nobody to heal from, however healthy the restarted two read.
+    cells = [ScriptedCell("actor", i) for i in range(4)]
+    cells[0].state = cells[1].state = "AllocatedUninitialized"
+    for cell in cells:
+        cell.on_inject = lambda c: setattr(c, "state", "Stopped")
+    injector = make_injector(*cells)
+    polls(clock, 50)
+    assert [i.cell for i in injector.injections] in (["actor-2"], ["actor-3"])
+    survivor = cells[5 - int(injector.injections[0].cell[-1])]
+    assert survivor.state == "AllocatedAlive" and not survivor.injected
 
 
 def test_records_match_what_the_server_received(make_injector, clock):

@@ -194,7 +194,8 @@ def heal_row(mode: str, spare_cells: int, overrides: list[str]) -> dict:
         return {"mode": mode, "spare_cells": spare_cells, "took_spare": heal.get("spare"),
                 "detection_s": shrink.get("detection_s"), "shrink_first_commit_s": shrink["first_commit_s"],
                 "allocate_s": heal.get("allocate_s"), "configure_s": heal.get("configure_s"),
-                "transfer_s": heal.get("transfer_s"), "load_s": heal.get("load_s"),
+                "transfer_wait_s": heal.get("transfer_wait_s"), "transfer_s": heal.get("transfer_s"),
+                "load_s": heal.get("load_s"),
                 "heal_first_commit_s": heal["first_commit_s"],
                 "start_to_commit_s": heal.get("start_to_commit_s"), "fault_to_commit_s": heal.get("fault_to_commit_s"),
                 "heal_bytes": heal["bytes"], "heal_bytes_per_s": heal.get("heal_bytes_per_s"),
@@ -235,7 +236,9 @@ def markdown(steps: list[dict], heals: list[dict], when: str) -> str:
         lines += _table(
             "Crash → shrink → heal (`scenario=with_failure`), seconds. `detection_s`: the crash → the "
             "shrink; `allocate_s` … `heal_first_commit_s`: the heal's steps; `start_to_commit_s`: the cell's "
-            "restart request → its first commit; `transfer_s`: the rendezvous' end → the last byte received; `load_s`: the "
+            "restart request → its first commit; `transfer_wait_s`: a rank's configured group → its peer ready for the "
+            "bytes (the two processes' configure skew); `transfer_s`: the source's connection → the last byte "
+            "received; `load_s`: the "
             "healed replica taking the received state in; `fault_to_commit_s`: the crash → the first commit with every "
             "cell back (this plan restarts the cell only after the shrunk rollout committed); `transfer_vs_loopback`: "
             "the heal's bytes/s over a raw loopback socket copy of the same bytes; `…_same_connections`: over a raw copy "

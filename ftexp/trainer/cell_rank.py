@@ -231,6 +231,8 @@ class CellRank:
         except Exception as e:
             return self._quorum_failed(info, e)
         t2 = time.monotonic()
+        # From this rank's configured group to its source's connection; then the bytes.
+        connected = receiver.connected_at if recv_src_rank is not None else t1
         if recv_src_rank is not None:
             if control == NegativeControl.skip_optimizer_transfer:
                 state["optimizer"] = self.replica.optimizer.state_dict()
@@ -238,8 +240,8 @@ class CellRank:
                 state["rng"] = rng_state()  # the bug: the healed cell keeps its own fresh generators
             if control != NegativeControl.skip_heal_transfer:
                 self.replica.load_state_dict(state)
-        return {"ok": True, "configure_s": t1 - t0, "transfer_s": t2 - t1, "load_s": time.monotonic() - t2,
-                "bytes": received, "last_rollout_id": self.replica.last_rollout_id}
+        return {"ok": True, "configure_s": t1 - t0, "transfer_wait_s": connected - t1, "transfer_s": t2 - connected,
+                "load_s": time.monotonic() - t2, "bytes": received, "last_rollout_id": self.replica.last_rollout_id}
 
     def reconfigure(self, info: IndepDPInfo, send_to: list[int]) -> dict[str, Any]:
         """Move to a new quorum; as the healing source, send the full state to each new alive rank.
@@ -250,7 +252,9 @@ class CellRank:
         """
         self._bump()
         t0 = time.monotonic()
-        keys, sent = [transfer.heal_key(info.quorum_id, self.rank, dst) for dst in send_to], []
+        keys = [transfer.heal_key(info.quorum_id, self.rank, dst) for dst in send_to]
+        sent: list[int] = []
+        waited: list[float] = []  # for each receiver: until it published its address (its group configured)
         try:
             if keys:  # encoded while the group meets: the state is that of the last commit either way
                 store, encoded = self._heal_store(), transfer.encode(self.replica.state_dict())
@@ -258,12 +262,19 @@ class CellRank:
             t1 = time.monotonic()
             if keys:
                 timeout_s = self.spec.trainer.cross_cell_timeout_s
-                run_releasable(lambda: sent.extend(transfer.send_state_to(store, key, encoded, timeout_s) for key in keys),
-                               self._release_event(info.quorum_id))
+
+                def send_all() -> None:
+                    for key in keys:
+                        asked = time.monotonic()
+                        address = transfer.published_address(store, key)
+                        waited.append(time.monotonic() - asked)
+                        sent.append(transfer.send_state_to(address, encoded, timeout_s))
+
+                run_releasable(send_all, self._release_event(info.quorum_id))
         except Exception as e:
             return self._quorum_failed(info, e)
-        return {"ok": True, "configure_s": t1 - t0, "transfer_s": time.monotonic() - t1, "load_s": 0.0,
-                "bytes": sum(sent)}
+        return {"ok": True, "configure_s": t1 - t0, "transfer_wait_s": sum(waited),
+                "transfer_s": time.monotonic() - t1 - sum(waited), "load_s": 0.0, "bytes": sum(sent)}
 
     def _quorum_failed(self, info: IndepDPInfo, error: Exception) -> dict[str, Any]:
         log.warning("joining quorum %d failed: %s", info.quorum_id, error)

@@ -253,6 +253,7 @@ class TrainGroup:
             timings = {
                 "allocate_s": t_allocated - t0,
                 "configure_s": max(r["configure_s"] for rs in results.values() for r in rs),
+                "transfer_wait_s": max(r["transfer_wait_s"] for rs in results.values() for r in rs),
                 "transfer_s": max(r["transfer_s"] for rs in results.values() for r in rs),
                 "load_s": max(r["load_s"] for rs in results.values() for r in rs),
                 "reconfigure_total_s": time.monotonic() - t0,

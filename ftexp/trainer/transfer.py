@@ -12,7 +12,9 @@ socket's rate; a socket also streams hundreds of small storages without a round 
 the healed rank listens on its node's address and publishes it in the rendezvous store under
 the quorum's key (:class:`StateReceiver`); the source reads it, connects and streams
 (:func:`send_state_to`). A new quorum id means new keys: a transfer of a failed quorum is never
-mistaken for the next one's.
+mistaken for the next one's. The receiver publishes only once its group is configured, so a
+connection means both ends are ready: the wait for the peer (configure skew between two processes)
+and the bytes' time are told apart, on the receiver from its accept.
 
 Wire format, after connecting: ``header <q n_storages, q len(meta)>`` → ``meta`` (pickled hollow
 state + view metadata) → ``sizes <q × n_storages>`` → every storage's bytes, in order. Both ends move
@@ -34,6 +36,7 @@ import pickle
 import socket
 import struct
 import threading
+import time
 from typing import Any, Callable, NamedTuple
 
 import torch
@@ -223,6 +226,7 @@ class StateReceiver:
         self.host, self.timeout_s = host, timeout_s
         self.server: socket.socket | None = None
         self.conn: socket.socket | None = None
+        self.connected_at: float | None = None  # time.monotonic() when the source connected
         self.cancelled = False
         self._lock = threading.Lock()
 
@@ -236,6 +240,7 @@ class StateReceiver:
             self.server.settimeout(self.timeout_s)
             store.set(key, f"{self.host}:{self.server.getsockname()[1]}")
             conn, _ = self.server.accept()
+            self.connected_at = time.monotonic()
             with self._lock:
                 self.conn = conn
                 if self.cancelled:
@@ -262,9 +267,14 @@ class StateReceiver:
                     sock.close()
 
 
-def send_state_to(store, key: str, encoded: Encoded, timeout_s: float) -> int:
-    """Send an encoded state to the rank that published its address under ``key``; return the state's bytes."""
+def published_address(store, key: str) -> tuple[str, int]:
+    """The address a receiver published under ``key``; waits until it is there (the store's timeout)."""
     host, port = store.get(key).decode().rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=timeout_s) as conn:
+    return host, int(port)
+
+
+def send_state_to(address: tuple[str, int], encoded: Encoded, timeout_s: float) -> int:
+    """Send an encoded state to the receiver listening on ``address``; return the state's bytes."""
+    with socket.create_connection(address, timeout=timeout_s) as conn:
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return send_state(conn, encoded)

@@ -36,11 +36,13 @@ class ScriptedRank:
 
     def init(self, info, load_rollout_id, recv_src_rank):
         self.calls.append(("init", info.quorum_id, recv_src_rank))
-        return {"ok": True, "configure_s": 0.0, "transfer_s": 0.0, "load_s": 0.0, "bytes": 0, "last_rollout_id": -1}
+        return {"ok": True, "configure_s": 0.0, "transfer_wait_s": 0.0, "transfer_s": 0.0, "load_s": 0.0, "bytes": 0,
+                "last_rollout_id": -1}
 
     def reconfigure(self, info, send_to):
         self.calls.append(("reconfigure", info.quorum_id, list(send_to)))
-        return {"ok": True, "configure_s": 0.0, "transfer_s": 0.0, "load_s": 0.0, "bytes": 100 * len(send_to)}
+        return {"ok": True, "configure_s": 0.0, "transfer_wait_s": 0.0, "transfer_s": 0.0, "load_s": 0.0,
+                "bytes": 100 * len(send_to)}
 
     def train(self, rollout_id, attempt, witness):
         if self.train_behaviour == "fail":

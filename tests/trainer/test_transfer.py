@@ -34,8 +34,10 @@ def _client(port: int) -> dist.TCPStore:
     return dist.TCPStore("127.0.0.1", port, is_master=False, timeout=dt.timedelta(seconds=30))
 
 
-def _source(port, out):
-    sent = transfer.send_state_to(_client(port), KEY, transfer.encode(_state()), timeout_s=30)
+def _source(port, out, delay_s=0.0):
+    address = transfer.published_address(_client(port), KEY)
+    time.sleep(delay_s)  # a source still configuring its group
+    sent = transfer.send_state_to(address, transfer.encode(_state()), timeout_s=30)
     torch.save({"sent": sent}, f"{out}/sent.pt")
 
 
@@ -63,6 +65,20 @@ def test_state_crosses_a_loopback_connection_with_views_and_dedup(tmp_path):
     # generator state; large and large_tail too, next to large_too.
     assert sent == (len(meta) + 3 + 12 * 4 + 5 * 8 + 4 + 4 * 4 + want["rng"].numel()
                     + 2 * 4 * (transfer.LARGE_BYTES // 4 + 3))
+
+
+def test_the_receiver_tells_the_wait_for_its_source_from_the_bytes(tmp_path):
+    """A heal's transfer time starts when the source connects: waiting for a slower peer is not the bytes'."""
+    store = LoopbackStore()
+    source = mp.get_context("spawn").Process(target=_source, args=(store.port, str(tmp_path), 1.5))
+    source.start()
+    receiver = transfer.StateReceiver("127.0.0.1", timeout_s=30)
+    started = time.monotonic()
+    receiver.receive(_client(store.port), KEY)
+    done = time.monotonic()
+    source.join(timeout=60)
+    assert source.exitcode == 0
+    assert receiver.connected_at - started >= 1.5 and done - receiver.connected_at < 1.5
 
 
 def _through_a_socket_pair(state, into=None):

@@ -9,7 +9,7 @@ growing bytes per rollout. Reported, each as the late window over the early one 
 5 % and 95 % of the run, medians over a window of 10 rollouts so a heal's slow rollout does not
 decide it):
 
-* step time (the issue's figure: rollout ~190 over rollout ~10 on 200 rollouts, target <= 1.10);
+* step time (rollout ~190 over rollout ~10 on 200 rollouts, held to <= 1.10);
 * the driver's RSS;
 * run-dir bytes added per rollout.
 

@@ -21,8 +21,10 @@ runs in a row); each configuration therefore runs ``--repeats`` times and the ro
 run (by wall ratio) with the range of both ratios over the repeats, and the ratio of each side's
 fastest run (noise only ever adds time).
 ``--large`` trains a torch model big enough that a step takes about a second on a 2-core CPU,
-so fixed costs and per-byte costs show apart. Everything of one invocation runs on the same
-machine; results go to ``bench/results/<name>.json`` and ``.md`` (``latest.md`` too).
+so fixed costs and per-byte costs show apart. A last table holds the run's figures against the
+bounds fault tolerance is held to (step ratios, crash → commit with a spare, transfer rate), each
+marked met or not. Everything of one invocation runs on the same machine; results go to
+``bench/results/<name>.json`` and ``.md`` (``latest.md`` too).
 
     python bench/step_time.py                              # dp2 and dp4, 16 rollouts, 3 runs each
     python bench/step_time.py --modes dp2 --heal --large   # + heal timings + a ~1 s/step model
@@ -42,9 +44,11 @@ import tempfile
 import threading
 from pathlib import Path
 
+import yaml
 from loopback_copy import loopback_bytes_per_s
 
 RESULTS = Path(__file__).parent / "results"
+MODES = Path(__file__).parent.parent / "conf" / "mode"
 # A torch model whose step takes ~1 s on 2 cores (measured with the default rollout of 256 samples).
 LARGE_MODEL = ["trainer.model.d_model=256", "trainer.model.n_layers=6", "trainer.model.n_heads=4",
                "trainer.model.vocab_size=512"]
@@ -219,6 +223,44 @@ def _table(intro: str, rows: list[dict], cols: list[str]) -> list[str]:
             *("| " + " | ".join(fmt(r[c]) for c in cols) + " |" for r in rows)]
 
 
+def engine_of(mode: str) -> str:
+    """The engine a mode runs by default (the first it lists)."""
+    return yaml.safe_load((MODES / f"{mode}.yaml").read_text())["engines"][0]
+
+
+def _figure(figure: str, measured: float | None, bound: str, limit: float, spread: str | None = None) -> dict:
+    met = None if measured is None else (measured <= limit if bound == "≤" else measured >= limit)
+    return {"figure": figure, "measured": measured, "spread": spread, "target": f"{bound} {limit:g}",
+            "met": {None: "-", True: "yes", False: "no"}[met]}
+
+
+def target_rows(steps: list[dict], heals: list[dict]) -> list[dict]:
+    """This run's rows as the figures fault tolerance is held to, each with its bound and whether it was met."""
+    rows = []
+    for step in steps:
+        megatron = engine_of(step["mode"]) == "megatron"
+        if step["run"] == "audit off":
+            limit = 1.10 if megatron else 1.05
+        elif step["run"] == "audit on" and not megatron:
+            limit = 1.25
+        elif step["run"] == "large, audit on":
+            limit = 1.03
+        else:
+            continue  # no bound for megatron with its audits on
+        rows.append(_figure(f"target ÷ baseline step, {step['run']}, {step['mode']}", step["ratio"], "≤", limit,
+                            step.get("ratio_range")))
+    for heal in heals:
+        if heal["spare_cells"] == 1:
+            limit = 5.0 if engine_of(heal["mode"]) == "megatron" else 2.0
+            rows.append(_figure(f"crash → commit with the cell back (s), one spare, {heal['mode']}",
+                                heal["fault_to_commit_s"], "≤", limit))
+        same = heal.get("transfer_vs_loopback_same_connections")
+        rows.append(_figure(f"heal transfer ÷ raw loopback copy, {heal['mode']}, spare_cells={heal['spare_cells']}",
+                            heal["transfer_vs_loopback"], "≥", 0.5,
+                            f"{same:.3f} on {heal['connections']} connections" if same and heal["connections"] > 1 else None))
+    return rows
+
+
 def markdown(steps: list[dict], heals: list[dict], when: str) -> str:
     cols = ["mode", "run", "repeats", "load_avg", "baseline_s", "target_s", "ratio", "ratio_range", "best_ratio", "baseline_cpu_s",
             "target_cpu_s", "cpu_ratio", "cpu_ratio_range", *SECTIONS, "peak_mb"]
@@ -243,6 +285,11 @@ def markdown(steps: list[dict], heals: list[dict], when: str) -> str:
             "cell back (this plan restarts the cell only after the shrunk rollout committed); `transfer_vs_loopback`: "
             "the heal's bytes/s over a raw loopback socket copy of the same bytes; `…_same_connections`: over a raw copy "
             "of the same bytes split over the heal's `connections` (one per rank pair), all at once:", heals, list(heals[0]))
+    if steps or heals:
+        lines += _table(
+        "The figures fault tolerance is held to, from the rows above (`spread`: a step ratio's range over the repeats, "
+        "or a transfer's rate over a raw copy on as many connections as it used; the soak's flatness is "
+        "`bench/long_run.py`'s):", target_rows(steps, heals), ["figure", "measured", "spread", "target", "met"])
     return "\n".join(lines) + "\n"
 
 

@@ -1,0 +1,46 @@
+"""The benchmark's last table: each figure of a run against the bound fault tolerance is held to."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parents[2] / "bench"))
+
+from step_time import target_rows  # noqa: E402
+
+
+def _step(mode: str, run: str, ratio: float) -> dict:
+    return {"mode": mode, "run": run, "ratio": ratio, "ratio_range": f"{ratio:.3f}–{ratio + 0.1:.3f}"}
+
+
+def _heal(mode: str, spare_cells: int, fault_to_commit_s: float, vs_loopback: float, connections: int) -> dict:
+    return {"mode": mode, "spare_cells": spare_cells, "fault_to_commit_s": fault_to_commit_s,
+            "transfer_vs_loopback": vs_loopback, "transfer_vs_loopback_same_connections": vs_loopback + 0.1,
+            "connections": connections}
+
+
+def test_each_figure_is_held_to_its_engines_bound():
+    rows = target_rows(
+        [_step("dp2", "audit off", 1.04), _step("dp2_cp2_tp2_ep2", "audit off", 1.08), _step("dp4", "audit on", 1.26),
+         _step("dp2_cp2_tp2_ep2", "audit on", 1.5), _step("dp2", "large, audit on", 1.02)],
+        [_heal("dp2", 1, 2.5, 0.6, 1), _heal("dp2_cp2_tp2_ep2", 1, 4.5, 0.2, 4), _heal("dp2", 0, 9.0, 0.5, 1)])
+    met = {r["figure"]: (r["target"], r["met"]) for r in rows}
+    assert met == {
+        "target ÷ baseline step, audit off, dp2": ("≤ 1.05", "yes"),
+        "target ÷ baseline step, audit off, dp2_cp2_tp2_ep2": ("≤ 1.1", "yes"),  # megatron's looser bound
+        "target ÷ baseline step, audit on, dp4": ("≤ 1.25", "no"),
+        "target ÷ baseline step, large, audit on, dp2": ("≤ 1.03", "yes"),
+        "crash → commit with the cell back (s), one spare, dp2": ("≤ 2", "no"),
+        "crash → commit with the cell back (s), one spare, dp2_cp2_tp2_ep2": ("≤ 5", "yes"),
+        "heal transfer ÷ raw loopback copy, dp2, spare_cells=1": ("≥ 0.5", "yes"),
+        "heal transfer ÷ raw loopback copy, dp2_cp2_tp2_ep2, spare_cells=1": ("≥ 0.5", "no"),
+        "heal transfer ÷ raw loopback copy, dp2, spare_cells=0": ("≥ 0.5", "yes"),  # the bound itself is met
+    }  # megatron with its audits on has no bound, and a heal without a spare no crash → commit bound
+    spreads = {r["figure"]: r["spread"] for r in rows}
+    assert spreads["heal transfer ÷ raw loopback copy, dp2_cp2_tp2_ep2, spare_cells=1"] == "0.300 on 4 connections"
+    assert spreads["heal transfer ÷ raw loopback copy, dp2, spare_cells=1"] is None  # one connection: the plain yardstick
+    assert spreads["target ÷ baseline step, audit off, dp2"] == "1.040–1.140"
+
+
+def test_a_figure_the_run_did_not_measure_is_not_marked():
+    [row] = target_rows([], [{**_heal("dp2", 0, 9.0, 0.5, 1), "transfer_vs_loopback": None}])
+    assert row["met"] == "-" and row["measured"] is None

@@ -15,7 +15,7 @@ A run is one directory (Hydra's run dir)::
         events/<process>.jsonl                           typed events, one file per process
         dumps/fwd_bwd/rollout_<id>/                      weights and reduced grads of every rollout (the
                                                          baseline's replica 0; the target's first alive cell)
-        cell_dumps/cell<i>/fwd_bwd/rollout_<id>/         target only: the same of every other alive cell i
+        cell_dumps/cell<i>/fwd_bwd/rollout_<id>/         target only: the same of every other alive cell i, in a new quorum
         ckpt/latest_checkpointed_iteration.txt           the id of the last complete checkpoint
         ckpt/iter_<id:07d>/state_pp<p>_tp<t>_cp<c>_ep<e>.pt   one file per rank of a replica
         ckpt/iter_<id:07d>/debug_events/                 the event log as of that checkpoint

@@ -1,13 +1,16 @@
 """Every alive cell's own dumps against the baseline, not only the cell that writes the group's.
 
 The first alive cell of a commit writes the group's dumps (``<target>/dumps``), which the main dump
-checks compare. Every other cell that commits the rollout writes the same tensors under its own
-root (``rundir.SideDir.cell_dumps``): a healed cell's gradients and weights, or a survivor's after a
-shrink, are then compared with the baseline's tensor by tensor too, with the same rules, and not
-only through the hashes of the cross-replica checksum rule.
+checks compare. Every other cell writes the same tensors under its own root
+(``rundir.SideDir.cell_dumps``) at its first commit in a new quorum — a phase's first rollout, and
+every rollout the group reconfigures at: a healed cell's gradients and weights, or a survivor's after
+a shrink, are then compared with the baseline's tensor by tensor too, with the same rules, and not
+only through the hashes of the cross-replica checksum rule. While the quorum stays the same, that
+rule holds every cell's weights and optimizer state bitwise equal to the first cell's after each
+commit, so more dumps would add the writes (every cell's full state, every rollout) and not a check.
 
-Which leaves each cell's root must hold is derived from the plan (the rollouts it commits as a
-cell other than the first alive one): a missing or an extra leaf fails the check.
+Which leaves each cell's root must hold is derived from the plan: a missing or an extra leaf fails
+the check.
 """
 
 from __future__ import annotations
@@ -21,10 +24,13 @@ from ftexp.verify.dumps import DumpComparison, compare_dumps, leaf_set
 from ftexp.verify.report import CheckResult
 
 
-def other_cells(committers: dict[int, list[int]]) -> dict[int, list[int]]:
-    """cell -> the rollouts it dumps to its own root: those it commits while another cell is the first alive."""
+def other_cells(committers: dict[int, list[int]], new_quorums: Collection[int]) -> dict[int, list[int]]:
+    """cell -> the rollouts it dumps to its own root: those of ``new_quorums`` (committed in a quorum that
+    the rollout before did not commit in) that it commits while another cell is the first alive."""
     per_cell: dict[int, list[int]] = {}
     for rollout_id, cells in sorted(committers.items()):
+        if rollout_id not in new_quorums:
+            continue
         for cell in cells[1:]:
             per_cell.setdefault(cell, []).append(rollout_id)
     return per_cell
@@ -57,12 +63,13 @@ def _compare_leaves(baseline_dumps: Path, cell_root: Path, leaves: list[str], ru
     return merged
 
 
-def check_cell_dumps(baseline_dumps: Path, target: SideDir, committers: dict[int, list[int]], num_cells: int,
-                     th: ThresholdConfig, *, features: Collection[str], label: str) -> list[CheckResult]:
-    """Per cell that commits as a non-first cell, or dumped anyway: its leaves exactly as planned, every
-    tensor within the rules."""
+def check_cell_dumps(baseline_dumps: Path, target: SideDir, committers: dict[int, list[int]],
+                     new_quorums: Collection[int], num_cells: int, th: ThresholdConfig, *, features: Collection[str],
+                     label: str) -> list[CheckResult]:
+    """Per cell that commits as a non-first cell in a new quorum, or dumped anyway: its leaves exactly as
+    planned, every tensor within the rules."""
     checks = []
-    planned = other_cells(committers)
+    planned = other_cells(committers, new_quorums)
     found = [cell for cell in range(num_cells) if target.cell_dumps(cell).exists()]
     for cell in sorted(set(planned) | set(found)):
         root = target.cell_dumps(cell)

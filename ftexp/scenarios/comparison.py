@@ -6,8 +6,9 @@ exact list of reconfigure events on each side. What the event log must hold is d
 the plan against the group's rules — a crash shrinks the quorum at its rollout, a cell stopped
 and started after rollout k is healed at k+1 from the lowest-index cell still alive — so a plan
 that hits cell 0, a middle cell or the last cell each names its own shrinks, sources and heals.
-The same play says which cells commit each rollout: every one of them but the first dumps to its own
-root, compared with the baseline too (``cell_dumps``). A resumed phase's sides are each also checked
+The same play says which cells commit each rollout: in a new quorum (the phase's first rollout, and each
+one with a reconfigure), every one of them but the first dumps to its own root, compared with the
+baseline too (``cell_dumps``). A resumed phase's sides are each also checked
 on their own against the plan (``resume``): comparing them cannot see what both lose alike.
 """
 
@@ -42,6 +43,7 @@ class PhaseExpectation:
     baseline_reconfigures: list[ReconfigureInfo] = field(default_factory=list)
     faults_injected: int = 0                             # crash test actions that must have fired
     committers: dict[int, list[int]] = field(default_factory=dict)  # rollout -> the cells that commit it
+    new_quorums: list[int] = field(default_factory=list)  # rollouts committed in a quorum the one before was not
 
 
 def phase_rollouts(cfg: ExperimentConfig, phase: PhaseConfig) -> list[int]:
@@ -106,11 +108,13 @@ def expect(cfg: ExperimentConfig, phase: PhaseConfig) -> PhaseExpectation:
                for a in plan.of_kind(kind) if a.at_rollout in rollouts]
     committers: dict[int, list[int]] = {}
     reconfigures = planned_reconfigures(plan, rollouts, n, committers)
+    # A phase starts new processes; every reconfigure forms a new quorum.
+    new_quorums = sorted({rollouts[0], *(r.rollout_id for r in reconfigures)}) if rollouts else []
     if phase.load_from is not None:
         earlier = next(p for p in cfg.scenario.phases if p.name == phase.load_from)
         reconfigures = expect(cfg, earlier).target_reconfigures + reconfigures
     return PhaseExpectation(rollouts=rollouts, target_reconfigures=reconfigures, faults_injected=len(crashes),
-                            committers=committers)
+                            committers=committers, new_quorums=new_quorums)
 
 
 def check_phase(cfg: ExperimentConfig, run_dir: Path, phase: PhaseConfig, expected: PhaseExpectation) -> list[CheckResult]:
@@ -135,8 +139,8 @@ def check_phase(cfg: ExperimentConfig, run_dir: Path, phase: PhaseConfig, expect
     # Every other alive cell's own dumps (a healed cell's, a survivor's), with the same rules. They are
     # part of the audit: without it only the first alive cell dumps, and the report says so.
     if cfg.trainer.audit:
-        checks += check_cell_dumps(base.dumps, targ, expected.committers, cfg.mode.num_cells, th, features=features,
-                                   label=label)
+        checks += check_cell_dumps(base.dumps, targ, expected.committers, expected.new_quorums, cfg.mode.num_cells,
+                                   th, features=features, label=label)
     else:
         checks.append(CheckResult(f"{label}cell_dumps", True, "NOT RUN: trainer.audit=false — only the first alive "
                                   "cell dumped, so the other cells' own dumps were not compared", {"not_run": True}))

@@ -125,6 +125,7 @@ class CellRank:
         self._released_lock = threading.Lock()
         self.last_active, self.bump_count = time.time(), 0
         self.weight_pusher: WeightPusher | None = None  # live rollout engines: made on the first push
+        self.last_commit_quorum: int | None = None  # the quorum id of this process's last commit
 
     def _take_place(self, cell_index: int | None, name: str) -> None:
         """Become a rank of cell ``cell_index`` (None: a spare, no cell yet): log lines and events say so."""
@@ -321,12 +322,17 @@ class CellRank:
                 self.replica.optimizer_step(rollout_id)  # the bug: the void attempt's local gradient lands
             return ok
 
-        def dump() -> None:  # every alive cell's weights and reduced grads are compared with the baseline's
-            if not (logs_for_group or spec.trainer.audit):
-                return  # the other cells' dumps are part of the audit
+        def dump() -> None:
+            # The other cells dump too (part of the audit) at their first commit in a new quorum (after a shrink,
+            # a heal, a start): between, the checksum rule holds them bitwise equal to the first alive cell.
+            if logs_for_group:
+                leaf = spec.side_dir.dump_leaf(rollout_id)
+            elif spec.trainer.audit and info.quorum_id != self.last_commit_quorum:
+                leaf = spec.side_dir.cell_dump_leaf(self.cell_index, rollout_id)
+            else:
+                return
             with timer.section("dump_s"):
-                self.replica.dump(spec.side_dir.dump_leaf(rollout_id) if logs_for_group
-                                  else spec.side_dir.cell_dump_leaf(self.cell_index, rollout_id))
+                self.replica.dump(leaf)
 
         with self.events.context(rollout_id=rollout_id, attempt=attempt):
             ok, metrics = train_step(self.replica, rollout, rollout_id, attempt, shard_rank=info.alive_rank,
@@ -336,6 +342,7 @@ class CellRank:
                 return DISCARDED, None
             if control == NegativeControl.double_apply_retry and attempt == 0:
                 return DISCARDED, None  # the bug: stepped, yet reported void, so the retry steps again
+            self.last_commit_quorum = info.quorum_id
             if spec.trainer.audit:
                 with timer.section("checksum_s"):
                     checksums = self.replica.checksums()

@@ -63,11 +63,12 @@ CRASH_RECONFIGURES = {
     "with_failure_cell0": [_shrink(2, [1, 2, 3]), _heal(3, 1, 0, [0, 1, 2, 3]),
                            _shrink(4, [0, 2, 3]), _heal(5, 0, 1, [0, 1, 2, 3])],
 }
-# Per scenario: cell -> the rollouts of phase_b it dumps to its own root (it commits them, another cell is first).
+# Per scenario: cell -> the rollouts of phase_b it dumps to its own root: it commits them in a new quorum (the
+# phase's first rollout, a shrink, a heal), another cell is first.
 CELL_DUMPS = {
-    "with_failure": {1: [1, 3, 4, 5]},
+    "with_failure": {1: [1, 3]},
     "with_failure_cell0": {1: [1, 3, 5], 2: [1, 2, 3, 4, 5], 3: [1, 2, 3, 4, 5]},
-    "deterministic": {1: [3, 4, 5, 6], 2: [3, 4, 5, 6], 3: [3, 4, 5, 6]},
+    "deterministic": {1: [3, 4], 2: [3, 4], 3: [3, 4]},
 }
 _passed: dict[tuple[str, str], Path] = {}
 
@@ -108,7 +109,7 @@ def test_scenario_passes(runs, scenario, mode):
     if scenario == "deterministic":  # phase_a's heal of the last cell (restored) and phase_b's of cell 0 from cell 1
         assert _check(report, "phase_b/target_reconfigures")["details"]["actual"] == [
             _heal(2, 0, 3, [0, 1, 2, 3]), _heal(4, 1, 0, [0, 1, 2, 3])]
-    if scenario in CELL_DUMPS:  # every other alive cell's own dumps were compared too, rollout by rollout
+    if scenario in CELL_DUMPS:  # every other alive cell's own dumps were compared too, in each new quorum
         for cell, rollouts in CELL_DUMPS[scenario].items():
             assert _check(report, f"phase_b/dumps/cell{cell}")["details"]["leaves"] == [f"fwd_bwd/rollout_{r}" for r in rollouts]
         # Each side resumed from phase_a's checkpoint with its history and witness counter, on its own.
@@ -347,10 +348,13 @@ def test_logging_cell_must_follow_the_first_alive_cell(runs, tmp_path):
 
 
 def test_a_healed_cells_own_gradient_is_compared(runs, tmp_path):
-    """Cell 1 of with_failure is healed at rollout 3; its own rollout-4 gradient, 2% off, turns the verdict red
+    """Cell 1 of with_failure is healed at rollout 3; its own rollout-3 gradient, 2% off, turns the verdict red
     (the group's dumps, written by cell 0, and the checksum rule over other events cannot see it)."""
     run_dir = _copy_of(runs, ("with_failure", "dp2"), tmp_path)
-    leaf = run_dir / "target" / "phase_b" / "cell_dumps" / "cell1" / "fwd_bwd" / "rollout_4"
+    cell1 = run_dir / "target" / "phase_b" / "cell_dumps" / "cell1" / "fwd_bwd"
+    # Its own root holds the rollouts that start a new quorum: the phase's first, and the heal's.
+    assert sorted(p.name for p in cell1.iterdir()) == ["rollout_1", "rollout_3"]
+    leaf = cell1 / "rollout_3"
     path = next(leaf.glob("*name=grad__layers.0.mlp.fc1.weight___*.pt"))
     dump = torch.load(path, weights_only=True)
     torch.manual_seed(0)
@@ -360,7 +364,7 @@ def test_a_healed_cells_own_gradient_is_compared(runs, tmp_path):
     failed = _failed_checks(run_dir)
     assert list(failed) == ["phase_b/dumps_fp32/cell1"]
     [record] = failed["phase_b/dumps_fp32/cell1"]["details"]["not_passed"]
-    assert (record["name"], record["leaf"]) == ("grad__layers.0.mlp.fc1.weight", "fwd_bwd/rollout_4")
+    assert (record["name"], record["leaf"]) == ("grad__layers.0.mlp.fc1.weight", "fwd_bwd/rollout_3")
 
 
 def test_an_event_log_lost_on_resume_by_both_sides_fails_the_absolute_resume_checks(runs, tmp_path):

@@ -85,17 +85,27 @@ def test_with_the_audit_off_the_event_rules_say_they_did_not_run(tmp_path):
     assert not check_event_rules(tmp_path / "no_events", "target_event_analyzer").passed  # audit on: fails closed
 
 
-def test_every_committing_cell_but_the_first_dumps_to_its_own_root():
-    """Cell 0 crashes at 2 (cell 1 writes the group's dumps), a middle cell at 4: each survivor, and each
-    healed cell from its heal on, must hold exactly the rollouts it committed as a non-first cell."""
+def test_every_committing_cell_but_the_first_dumps_to_its_own_root_in_each_new_quorum():
+    """Cell 0 crashes at 2 (cell 1 writes the group's dumps), a middle cell at 4: each survivor of a shrink, and
+    each cell at a heal, must hold exactly the rollouts it committed as a non-first cell in a new quorum. Rollout 6
+    commits in 5's quorum and adds none; cell 2, stopped and started after 6, is healed at 7 with the same cells
+    committing as at 6, yet in a new quorum."""
     from ftexp.scenarios.cell_dumps import other_cells
 
     def crash(rollout, cell):
         return [TestAction(at_rollout=rollout, action=kind, cell_index=cell) for kind in (CRASH, STOP, START)]
+
+    def restart(rollout, cell):
+        return [TestAction(at_rollout=rollout, action=kind, cell_index=cell) for kind in (STOP, START)]
     cfg = Cfg(4, [PhaseConfig(name="phase_a", save_interval=1, exit_after_rollouts=1),
-                  PhaseConfig(name="phase_b", load_from="phase_a", target_actions=crash(2, 0) + crash(4, 1))], num_rollout=6)
+                  PhaseConfig(name="phase_b", load_from="phase_a", target_actions=crash(2, 0) + crash(4, 1) + restart(6, 2))],
+              num_rollout=8)
     expected = expect(cfg, cfg.scenario.phases[1])
-    assert expected.committers == {1: [0, 1, 2, 3], 2: [1, 2, 3], 3: [0, 1, 2, 3], 4: [0, 2, 3], 5: [0, 1, 2, 3]}
-    assert other_cells(expected.committers) == {1: [1, 3, 5], 2: [1, 2, 3, 4, 5], 3: [1, 2, 3, 4, 5]}
+    assert expected.committers == {1: [0, 1, 2, 3], 2: [1, 2, 3], 3: [0, 1, 2, 3], 4: [0, 2, 3], 5: [0, 1, 2, 3],
+                                   6: [0, 1, 2, 3], 7: [0, 1, 2, 3]}
+    assert expected.new_quorums == [1, 2, 3, 4, 5, 7]
+    assert other_cells(expected.committers, expected.new_quorums) == {1: [1, 3, 5, 7], 2: [1, 2, 3, 4, 5, 7],
+                                                                      3: [1, 2, 3, 4, 5, 7]}
     assert expected.target_reconfigures == [ReconfigureInfo(2, None, [], [1, 2, 3]), ReconfigureInfo(3, 1, [0], [0, 1, 2, 3]),
-                                            ReconfigureInfo(4, None, [], [0, 2, 3]), ReconfigureInfo(5, 0, [1], [0, 1, 2, 3])]
+                                            ReconfigureInfo(4, None, [], [0, 2, 3]), ReconfigureInfo(5, 0, [1], [0, 1, 2, 3]),
+                                            ReconfigureInfo(7, 0, [2], [0, 1, 2, 3])]

@@ -8,8 +8,8 @@ and started after rollout k is healed at k+1 from the lowest-index cell still al
 that hits cell 0, a middle cell or the last cell each names its own shrinks, sources and heals.
 The same play says which cells commit each rollout: in a new quorum (the phase's first rollout, and each
 one with a reconfigure), every one of them but the first dumps to its own root, compared with the
-baseline too (``cell_dumps``). A resumed phase's sides are each also checked
-on their own against the plan (``resume``): comparing them cannot see what both lose alike.
+baseline too (``cell_dumps``). A resumed phase's sides are each also checked on their own against the
+plan (``resume``): comparing them cannot see what both lose alike.
 """
 
 from __future__ import annotations

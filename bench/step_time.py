@@ -15,6 +15,8 @@ per mode, without and with one warm spare (``trainer.spare_cells=1``): crash →
 and the heal's start request → allocate → configure → transfer → load → first commit, and the transfer's
 rate over a raw loopback socket copy of the same bytes (``loopback_copy.py``): on one connection, and
 split over as many connections as the heal used (one per rank pair), all at once.
+A run whose verdict failed is timed all the same (it trained every rollout) and its row names the failed
+checks; a run that ended without a verdict becomes a row saying so, and the bench goes on.
 The two sides of one run train one after the other, and on a shared 2-core machine the same
 configuration's ratio moves by tens of percent between runs (dp2 audits off: 1.15–1.77 over three
 runs in a row); each configuration therefore runs ``--repeats`` times and the row gives the median
@@ -43,6 +45,7 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
+from typing import Callable
 
 import yaml
 from loopback_copy import loopback_bytes_per_s
@@ -139,6 +142,16 @@ def cpu_per_step(side_root: Path, rows: list[dict]) -> float | None:
     return statistics.median(per_step) if per_step else None
 
 
+class RunFailed(Exception):
+    """A run that ended without a verdict (crashed, or refused its input): nothing of it can be timed."""
+
+
+def verdict_of(report: dict) -> str:
+    """``passed``, or ``failed:`` and the failed checks' names. A run whose verdict failed still trained every
+    rollout, so its times stand; its row says so, and which checks failed."""
+    return "passed" if report["passed"] else "failed: " + ", ".join(c["name"] for c in report["checks"] if not c["passed"])
+
+
 def run(mode: str, scenario: str, overrides: list[str]) -> tuple[Path, PeakMemory, tempfile.TemporaryDirectory]:
     tmp = tempfile.TemporaryDirectory()
     run_dir = Path(tmp.name) / "run"
@@ -148,8 +161,10 @@ def run(mode: str, scenario: str, overrides: list[str]) -> tuple[Path, PeakMemor
     memory = PeakMemory(proc.pid)
     _, stderr = proc.communicate()
     memory.stop()
-    if proc.returncode != 0:
-        raise SystemExit(f"{mode} {scenario} {' '.join(overrides)}: run failed (exit {proc.returncode})\n{stderr[-2000:]}")
+    if proc.returncode != 0 and not (run_dir / "report.json").exists():
+        tmp.cleanup()
+        last = stderr.strip().splitlines()[-1] if stderr.strip() else ""
+        raise RunFailed(f"exit {proc.returncode}, no verdict: {last}")
     return run_dir, memory, tmp
 
 
@@ -158,7 +173,9 @@ def step_row(mode: str, label: str, overrides: list[str]) -> dict:
     run_dir, memory, tmp = run(mode, "no_failure", overrides)
     with tmp:
         base, targ = perf_rows(run_dir / "baseline"), with_breakdown(run_dir / "target", perf_rows(run_dir / "target"))
-        row = {"mode": mode, "run": label, "load_avg": load, "baseline_s": median_of(base, "step_time_s"),
+        verdict = verdict_of(json.loads((run_dir / "report.json").read_text()))
+        row = {"mode": mode, "run": label, "verdict": verdict, "load_avg": load,
+               "baseline_s": median_of(base, "step_time_s"),
                "target_s": median_of(targ, "step_time_s"), "peak_mb": round(memory.total_mb),
                "largest_process_mb": round(memory.largest_mb),
                "baseline_cpu_s": cpu_per_step(run_dir / "baseline", base),
@@ -179,6 +196,7 @@ def repeated_step_row(mode: str, label: str, overrides: list[str], repeats: int)
     row["cpu_ratio_range"] = f"{cpu[0]:.3f}–{cpu[-1]:.3f}" if cpu else None
     # The least disturbed run of each side: the machine's noise only ever adds time.
     row["best_ratio"] = min(r["target_s"] for r in rows) / min(r["baseline_s"] for r in rows)
+    row["verdict"] = "; ".join(sorted({r["verdict"] for r in rows}))  # every repeat's, not only the middle run's
     row["runs"] = rows  # every repeat, for the JSON
     return row
 
@@ -193,9 +211,11 @@ def heal_row(mode: str, spare_cells: int, overrides: list[str]) -> dict:
     with tmp:
         report = json.loads((run_dir / "report.json").read_text())
         recoveries = [r for c in report["checks"] if c["name"].endswith("recovery") for r in c["details"]["recoveries"]]
-        shrink = next(r for r in recoveries if r["kind"] == "shrink")
-        heal = next(r for r in recoveries if r["kind"] == "heal")
-        return {"mode": mode, "spare_cells": spare_cells, "took_spare": heal.get("spare"),
+        shrink = next((r for r in recoveries if r["kind"] == "shrink"), None)
+        heal = next((r for r in recoveries if r["kind"] == "heal"), None)
+        if shrink is None or heal is None:
+            raise RunFailed(f"{verdict_of(report)}; the report holds no shrink and heal to time")
+        return {"mode": mode, "spare_cells": spare_cells, "verdict": verdict_of(report), "took_spare": heal.get("spare"),
                 "detection_s": shrink.get("detection_s"), "shrink_first_commit_s": shrink["first_commit_s"],
                 "allocate_s": heal.get("allocate_s"), "configure_s": heal.get("configure_s"),
                 "transfer_wait_s": heal.get("transfer_wait_s"), "transfer_s": heal.get("transfer_s"),
@@ -220,7 +240,7 @@ def fmt(value) -> str:
 def _table(intro: str, rows: list[dict], cols: list[str]) -> list[str]:
     """A markdown section: ``intro``, then ``rows`` as a table of ``cols``."""
     return ["", intro, "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols),
-            *("| " + " | ".join(fmt(r[c]) for c in cols) + " |" for r in rows)]
+            *("| " + " | ".join(fmt(r.get(c)) for c in cols) + " |" for r in rows)]
 
 
 def engine_of(mode: str) -> str:
@@ -236,6 +256,11 @@ def _figure(figure: str, measured: float | None, limit: float, *, at_least: bool
             "met": {None: "-", True: "yes", False: "no"}[met]}
 
 
+def _unless_passed(row: dict) -> str:
+    """A figure's note when its run's verdict did not pass: measured all the same, but not a clean run."""
+    return "" if row["verdict"] == "passed" else f" (verdict {row['verdict']})"
+
+
 def target_rows(steps: list[dict], heals: list[dict]) -> list[dict]:
     """This run's rows as the figures fault tolerance is held to, each with its bound and whether it was met."""
     rows = []
@@ -249,22 +274,23 @@ def target_rows(steps: list[dict], heals: list[dict]) -> list[dict]:
             limit = 1.03
         else:
             continue  # no bound for megatron with its audits on
-        rows.append(_figure(f"target ÷ baseline step, {step['run']}, {step['mode']}", step["ratio"], limit,
-                            spread=step.get("ratio_range")))
+        rows.append(_figure(f"target ÷ baseline step, {step['run']}, {step['mode']}{_unless_passed(step)}",
+                            step.get("ratio"), limit, spread=step.get("ratio_range")))
     for heal in heals:
         if heal["spare_cells"] == 1:
             limit = 5.0 if engine_of(heal["mode"]) == "megatron" else 2.0
-            rows.append(_figure(f"crash → commit with the cell back (s), one spare, {heal['mode']}",
-                                heal["fault_to_commit_s"], limit))
+            rows.append(_figure(f"crash → commit with the cell back (s), one spare, {heal['mode']}{_unless_passed(heal)}",
+                                heal.get("fault_to_commit_s"), limit))
         same = heal.get("transfer_vs_loopback_same_connections")
-        rows.append(_figure(f"heal transfer ÷ raw loopback copy, {heal['mode']}, spare_cells={heal['spare_cells']}",
-                            heal["transfer_vs_loopback"], 0.5, at_least=True,
-                            spread=f"{same:.3f} on {heal['connections']} connections" if same and heal["connections"] > 1 else None))
+        rows.append(_figure(
+            f"heal transfer ÷ raw loopback copy, {heal['mode']}, spare_cells={heal['spare_cells']}{_unless_passed(heal)}",
+            heal.get("transfer_vs_loopback"), 0.5, at_least=True,
+            spread=f"{same:.3f} on {heal['connections']} connections" if same and heal["connections"] > 1 else None))
     return rows
 
 
 def markdown(steps: list[dict], heals: list[dict], when: str) -> str:
-    cols = ["mode", "run", "repeats", "load_avg", "baseline_s", "target_s", "ratio", "ratio_range", "best_ratio", "baseline_cpu_s",
+    cols = ["mode", "run", "verdict", "repeats", "load_avg", "baseline_s", "target_s", "ratio", "ratio_range", "best_ratio", "baseline_cpu_s",
             "target_cpu_s", "cpu_ratio", "cpu_ratio_range", *SECTIONS, "peak_mb"]
     lines = [f"# ftexp step-time benchmark ({when}, one machine, one invocation)"]
     if steps:
@@ -286,13 +312,24 @@ def markdown(steps: list[dict], heals: list[dict], when: str) -> str:
             "healed replica taking the received state in; `fault_to_commit_s`: the crash → the first commit with every "
             "cell back (this plan restarts the cell only after the shrunk rollout committed); `transfer_vs_loopback`: "
             "the heal's bytes/s over a raw loopback socket copy of the same bytes; `…_same_connections`: over a raw copy "
-            "of the same bytes split over the heal's `connections` (one per rank pair), all at once:", heals, list(heals[0]))
+            "of the same bytes split over the heal's `connections` (one per rank pair), all at once:", heals,
+            list(dict.fromkeys(k for heal in heals for k in heal)))
     if steps or heals:
         lines += _table(
             "The figures fault tolerance is held to, from the rows above (`spread`: a step ratio's range over the "
             "repeats, or a transfer's rate over a raw copy on as many connections as it used; the soak's flatness is "
             "`bench/long_run.py`'s):", target_rows(steps, heals), ["figure", "measured", "spread", "target", "met"])
     return "\n".join(lines) + "\n"
+
+
+def measure(rows: list[dict], identity: dict, row_of: Callable[..., dict], *row_args) -> None:
+    """Append ``row_of(*row_args)`` to ``rows``; a run without a verdict becomes a row saying so (``identity`` and
+    the reason), and the bench goes on to the next configuration."""
+    try:
+        rows.append(row_of(*row_args))
+    except RunFailed as e:
+        rows.append({**identity, "verdict": f"none ({e})"})
+    print(summary_line(rows[-1]), flush=True)
 
 
 def main() -> int:
@@ -308,17 +345,16 @@ def main() -> int:
     args = parser.parse_args()
     rollouts = [f"scenario.num_rollout={args.rollouts}"]
     steps, heals = [], []
+
     for mode in args.modes:
         for label, extra in [] if args.heal_only else [("audit on", []), ("audit off", ["trainer.audit=false"])]:
-            steps.append(repeated_step_row(mode, label, rollouts + extra, args.repeats))
-            print(summary_line(steps[-1]), flush=True)
+            measure(steps, {"mode": mode, "run": label}, repeated_step_row, mode, label, rollouts + extra, args.repeats)
         if args.large and engine_of(mode) == "torch" and not args.heal_only:
-            steps.append(repeated_step_row(mode, "large, audit on", rollouts + LARGE_MODEL, args.repeats))
-            print(summary_line(steps[-1]), flush=True)
+            measure(steps, {"mode": mode, "run": "large, audit on"}, repeated_step_row, mode, "large, audit on",
+                    rollouts + LARGE_MODEL, args.repeats)
         if args.heal or args.heal_only:
             for spare_cells in (0, 1):
-                heals.append(heal_row(mode, spare_cells, []))
-                print(summary_line(heals[-1]), flush=True)
+                measure(heals, {"mode": mode, "spare_cells": spare_cells}, heal_row, mode, spare_cells, [])
     table = markdown(steps, heals, args.name)
     print(table)
     RESULTS.mkdir(exist_ok=True)

@@ -5,15 +5,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "bench"))
 
-from step_time import target_rows  # noqa: E402
+from step_time import RunFailed, markdown, measure, target_rows  # noqa: E402
 
 
 def _step(mode: str, run: str, ratio: float) -> dict:
-    return {"mode": mode, "run": run, "ratio": ratio, "ratio_range": f"{ratio:.3f}–{ratio + 0.1:.3f}"}
+    return {"mode": mode, "run": run, "verdict": "passed", "ratio": ratio, "ratio_range": f"{ratio:.3f}–{ratio + 0.1:.3f}"}
 
 
 def _heal(mode: str, spare_cells: int, fault_to_commit_s: float, vs_loopback: float, connections: int) -> dict:
-    return {"mode": mode, "spare_cells": spare_cells, "fault_to_commit_s": fault_to_commit_s,
+    return {"mode": mode, "spare_cells": spare_cells, "verdict": "passed", "fault_to_commit_s": fault_to_commit_s,
             "transfer_vs_loopback": vs_loopback, "transfer_vs_loopback_same_connections": vs_loopback + 0.1,
             "connections": connections}
 
@@ -44,3 +44,25 @@ def test_each_figure_is_held_to_its_engines_bound():
 def test_a_figure_the_run_did_not_measure_is_not_marked():
     [row] = target_rows([], [{**_heal("dp2", 0, 9.0, 0.5, 1), "transfer_vs_loopback": None}])
     assert row["met"] == "-" and row["measured"] is None
+
+
+def test_a_run_whose_verdict_failed_is_measured_but_named_so():
+    failed = {**_step("dp2_cp2_pp2", "audit off", 1.07), "verdict": "failed: dumps, dumps_fp32"}
+    [row] = target_rows([failed], [])
+    assert row["figure"] == "target ÷ baseline step, audit off, dp2_cp2_pp2 (verdict failed: dumps, dumps_fp32)"
+    assert (row["measured"], row["met"]) == (1.07, "yes")
+
+
+def test_a_run_without_a_verdict_becomes_a_row_and_the_bench_goes_on():
+    def crashed(mode: str) -> dict:
+        raise RunFailed(f"{mode}: exit 1, no verdict: RuntimeError: boom")
+
+    steps: list[dict] = []
+    measure(steps, {"mode": "dp4_cp2", "run": "audit off"}, crashed, "dp4_cp2")
+    measure(steps, {"mode": "dp2", "run": "audit off"}, lambda mode: _step(mode, "audit off", 1.01), "dp2")
+    assert [s["verdict"] for s in steps] == ["none (dp4_cp2: exit 1, no verdict: RuntimeError: boom)", "passed"]
+    met = {r["figure"]: r["met"] for r in target_rows(steps, [])}
+    assert met == {"target ÷ baseline step, audit off, dp4_cp2 (verdict none (dp4_cp2: exit 1, no verdict: "
+                   "RuntimeError: boom))": "-", "target ÷ baseline step, audit off, dp2": "yes"}
+    table = markdown(steps, [], "today")
+    assert "| dp4_cp2 | audit off | none (dp4_cp2: exit 1, no verdict: RuntimeError: boom) | - |" in table

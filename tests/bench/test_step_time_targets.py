@@ -66,3 +66,13 @@ def test_a_run_without_a_verdict_becomes_a_row_and_the_bench_goes_on():
                    "RuntimeError: boom))": "-", "target ÷ baseline step, audit off, dp2": "yes"}
     table = markdown(steps, [], "today")
     assert "| dp4_cp2 | audit off | none (dp4_cp2: exit 1, no verdict: RuntimeError: boom) | - |" in table
+
+
+def test_a_wide_models_heal_is_held_to_the_transfer_bound_only():
+    wide = {**_heal("dp2_cp2_tp2_ep2", 1, 7.8, 0.63, 4), "model": "wide_moe_5layer"}
+    rows = target_rows([], [_heal("dp2_cp2_tp2_ep2", 1, 4.5, 0.2, 4), wide])
+    assert {r["figure"]: r["met"] for r in rows} == {
+        "crash → commit with the cell back (s), one spare, dp2_cp2_tp2_ep2": "yes",
+        "heal transfer ÷ raw loopback copy, dp2_cp2_tp2_ep2, spare_cells=1": "no",
+        "heal transfer ÷ raw loopback copy, dp2_cp2_tp2_ep2 (wide_moe_5layer), spare_cells=1": "yes",
+    }

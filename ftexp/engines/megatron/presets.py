@@ -46,4 +46,11 @@ PRESETS = {
         ffn_hidden_size=32, vocab_size=128, seq_length=64,
         num_experts=4, moe_router_topk=2, moe_aux_loss_coeff=1e-2,
     ),
+    # tiny_moe_5layer four times wider (~15x its bytes): a state large enough that a heal's transfer
+    # is mostly bytes, not per-message costs (bench/step_time.py --large).
+    "wide_moe_5layer": GPTPreset(
+        num_layers=5, hidden_size=256, num_attention_heads=4, num_query_groups=2,
+        ffn_hidden_size=128, vocab_size=512, seq_length=64,
+        num_experts=4, moe_router_topk=2, moe_aux_loss_coeff=1e-2,
+    ),
 }

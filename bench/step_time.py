@@ -56,10 +56,10 @@ from loopback_copy import loopback_bytes_per_s
 RESULTS = Path(__file__).parent / "results"
 MODES = Path(__file__).parent.parent / "conf" / "mode"
 # A torch model whose step takes ~1 s on 2 cores (measured with the default rollout of 256 samples).
-# A megatron model whose heal moves ~78 MB (dp2_cp2_tp2_ep2) instead of ~5 MB.
-WIDE_MEGATRON_MODEL = "wide_moe_5layer"
 LARGE_MODEL = ["trainer.model.d_model=256", "trainer.model.n_layers=6", "trainer.model.n_heads=4",
                "trainer.model.vocab_size=512"]
+# A megatron model whose heal moves ~78 MB (dp2_cp2_tp2_ep2) instead of ~5 MB.
+WIDE_MEGATRON_MODEL = "wide_moe_5layer"
 SECTIONS = ("compute_s", "reduce_s", "checksum_s", "witness_s", "event_write_s", "dump_s", "analyzer_s", "driver_rest_s")
 
 
@@ -357,7 +357,6 @@ def main() -> int:
     args = parser.parse_args()
     rollouts = [f"scenario.num_rollout={args.rollouts}"]
     steps, heals = [], []
-
     for mode in args.modes:
         for label, extra in [] if args.heal_only else [("audit on", []), ("audit off", ["trainer.audit=false"])]:
             measure(steps, {"mode": mode, "run": label}, repeated_step_row, mode, label, rollouts + extra, args.repeats)

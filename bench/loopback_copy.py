@@ -3,10 +3,10 @@
 Each connection joins two processes of its own, which copy with plain ``sendall``/``recv_into`` over
 127.0.0.1: no serialization, no process group, no framing. A heal that moves its state at half this
 rate or better is within what the machine's loopback allows (the bound ``step_time.py`` holds heals
-to: heal bytes/s ÷ this >= 0.5). One connection is the plain yardstick. A heal of a multi-rank cell moves its bytes over one
-connection per rank, all at once; ``connections=k`` copies the same bytes that way (split evenly, k
-copies at once), which on a machine with fewer cores than processes is what the same bytes cost to
-move in that pattern, before any of the heal's own work.
+to: heal bytes/s ÷ this >= 0.5). One connection is the plain yardstick. A heal of a multi-rank cell
+moves its bytes over one connection per rank, all at once; ``connections=k`` copies the same bytes
+that way (split evenly, k copies at once), which on a machine with fewer cores than processes is what
+the same bytes cost to move in that pattern, before any of the heal's own work.
 """
 
 from __future__ import annotations

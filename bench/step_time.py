@@ -25,10 +25,9 @@ fastest run (noise only ever adds time).
 ``--large`` trains a torch model big enough that a step takes about a second on a 2-core CPU,
 so fixed costs and per-byte costs show apart; with ``--heal``, a megatron mode also heals a model with
 ~15x the bytes of its own (``wide_moe_5layer``), whose transfer is mostly bytes, not per-message costs.
-A last table holds the run's figures against the
-bounds fault tolerance is held to (step ratios, crash → commit with a spare, transfer rate), each
-marked met or not. Everything of one invocation runs on the same machine; results go to
-``bench/results/<name>.json`` and ``.md`` (``latest.md`` too).
+A last table holds the run's figures against the bounds fault tolerance is held to (step ratios,
+crash → commit with a spare, transfer rate), each marked met or not. Everything of one invocation
+runs on the same machine; results go to ``bench/results/<name>.json`` and ``.md`` (``latest.md`` too).
 
     python bench/step_time.py                              # dp2 and dp4, 16 rollouts, 3 runs each
     python bench/step_time.py --modes dp2 --heal --large   # + heal timings + a ~1 s/step model
@@ -290,19 +289,19 @@ def target_rows(steps: list[dict], heals: list[dict]) -> list[dict]:
         model = f" ({heal['model']})" if wide else ""
         if heal["spare_cells"] == 1 and not wide:
             limit = 5.0 if engine_of(heal["mode"]) == "megatron" else 2.0
-            rows.append(_figure(f"crash → commit with the cell back (s), one spare, {heal['mode']}{_unless_passed(heal)}",
-                                heal.get("fault_to_commit_s"), limit))
+            rows.append(_figure(f"crash → commit with the cell back (s), one spare, {heal['mode']}"
+                                f"{_unless_passed(heal)}", heal.get("fault_to_commit_s"), limit))
         same = heal.get("transfer_vs_loopback_same_connections")
         rows.append(_figure(
-            f"heal transfer ÷ raw loopback copy, {heal['mode']}{model}, spare_cells={heal['spare_cells']}{_unless_passed(heal)}",
-            heal.get("transfer_vs_loopback"), 0.5, at_least=True,
+            f"heal transfer ÷ raw loopback copy, {heal['mode']}{model}, spare_cells={heal['spare_cells']}"
+            f"{_unless_passed(heal)}", heal.get("transfer_vs_loopback"), 0.5, at_least=True,
             spread=f"{same:.3f} on {heal['connections']} connections" if same and heal["connections"] > 1 else None))
     return rows
 
 
 def markdown(steps: list[dict], heals: list[dict], when: str) -> str:
-    cols = ["mode", "run", "verdict", "repeats", "load_avg", "baseline_s", "target_s", "ratio", "ratio_range", "best_ratio", "baseline_cpu_s",
-            "target_cpu_s", "cpu_ratio", "cpu_ratio_range", *SECTIONS, "peak_mb"]
+    cols = ["mode", "run", "verdict", "repeats", "load_avg", "baseline_s", "target_s", "ratio", "ratio_range",
+            "best_ratio", "baseline_cpu_s", "target_cpu_s", "cpu_ratio", "cpu_ratio_range", *SECTIONS, "peak_mb"]
     lines = [f"# ftexp step-time benchmark ({when}, one machine, one invocation)"]
     if steps:
         lines += _table(

@@ -24,6 +24,7 @@ import httpx
 
 from ftexp.control.api_models import Cell, CellList, TriState
 from ftexp.control.clock import Clock, RealClock
+from ftexp.http_client import short_keepalive_client
 
 log = logging.getLogger(__name__)
 HTTP_TIMEOUT_S = 30.0
@@ -65,7 +66,7 @@ class MiniFTController:
         self._poll_interval, self._resume_delay = poll_interval, resume_delay
         self._clock = clock or RealClock()
         self._owns_http = http_client is None
-        self._http = http_client or httpx.Client(timeout=HTTP_TIMEOUT_S)
+        self._http = http_client or short_keepalive_client(timeout=HTTP_TIMEOUT_S)
         self._stop = threading.Event()
         self.backoff: dict[str, HealBackoff] = {}  # cell name → record, only for cells currently unhealthy
 

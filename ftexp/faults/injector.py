@@ -30,6 +30,7 @@ import httpx
 from ftexp.control.api_models import Cell, CellList, TriState
 from ftexp.control.clock import Clock, RealClock
 from ftexp.errors import InputError
+from ftexp.http_client import short_keepalive_client
 from ftexp.control.failure_modes import FailureMode
 
 log = logging.getLogger(__name__)
@@ -100,7 +101,7 @@ class RandomInjector:
         self._rng = random.Random(seed)
         self._clock = clock or RealClock()
         self._owns_http = http_client is None
-        self._http = http_client or httpx.Client(timeout=HTTP_TIMEOUT_S)
+        self._http = http_client or short_keepalive_client(timeout=HTTP_TIMEOUT_S)
         self._gate = RecoveryGate()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="random-fault-injector", daemon=True)

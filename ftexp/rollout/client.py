@@ -20,6 +20,8 @@ from typing import Any, Sequence
 import httpx
 import torch
 
+from ftexp.http_client import short_keepalive_client
+
 
 class EngineError(RuntimeError):
     """A request to a rollout engine (or router) failed; the message names the URL and the cause."""
@@ -149,7 +151,7 @@ class EngineClient:
     def __init__(self, base_url: str, timeout_s: float = 60.0) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
-        self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s, trust_env=False)
+        self._http = short_keepalive_client(base_url=self.base_url, timeout=timeout_s, trust_env=False)
 
     def close(self) -> None:
         self._http.close()

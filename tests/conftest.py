@@ -20,6 +20,8 @@ from pathlib import PurePosixPath
 import torch
 from xdist.scheduler import LoadFileScheduling
 
+import ftexp  # noqa: F401  (before any test computes: it picks torch's CPU kernels, as in every run)
+
 torch.set_num_threads(1)
 
 GROUPS = {"test_slurm.py": "slurm", "test_multinode.py": "slurm", "test_multinode_engines.py": "slurm",

@@ -1,9 +1,9 @@
 """HTTP clients that never send a request on a connection the server is about to close.
 
-Every server ftexp talks to runs under uvicorn (our rollout engines, the control server, sglang's
-servers), which closes a connection idle for 5 s. httpx keeps an idle connection for 5 s as well, so
-a request sent about 5 s after the previous one could go out on a connection the server was closing
-at that moment: "Server disconnected without sending a response", for a request that never ran.
+Our rollout engines and control server, and sglang's servers, run under uvicorn, which closes a
+connection idle for 5 s. httpx keeps an idle connection for 5 s as well, so a request sent about 5 s
+after the previous one could go out on a connection the server was closing at that moment: "Server
+disconnected without sending a response", for a request that never ran.
 Forgetting idle connections well before the server does leaves no such window.
 """
 

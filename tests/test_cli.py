@@ -1,4 +1,8 @@
-"""Bad input gets one clear line on stderr and exit code 2, and nothing is launched."""
+"""Bad input gets one clear line on stderr and exit code 2, and nothing is launched.
+
+The table of bad inputs runs each case in a fork of a process that imported the CLI once
+(``ftexp_runner.ForkedCli``); the other tests start ``python -m ftexp`` itself.
+"""
 
 import pytest
 
@@ -43,8 +47,8 @@ from ftexp_runner import run_ftexp
     (["scenario=with_failure", "scenario.phases.1.target_actions=[{at_rollout:1,action:stop_cell_at_end,colour:red}]"],
      "scenario.phases.1.target_actions"),
 ])
-def test_bad_input_exits_2_with_one_line(tmp_path, overrides, message):
-    result = run_ftexp(*overrides, f"hydra.run.dir={tmp_path}/run", cwd=tmp_path, timeout=120)
+def test_bad_input_exits_2_with_one_line(cli, tmp_path, overrides, message):
+    result = cli.run(*overrides, f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
     assert result.returncode == 2, result.stderr
     lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1, result.stderr

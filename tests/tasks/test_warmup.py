@@ -7,8 +7,7 @@ alike come out bitwise equal, optimizer and RNG state included, while another se
 
 import pytest
 import torch
-import torch.multiprocessing as mp
-from loopback_world import join_world, rendezvous_port
+from loopback_world import join_world, rendezvous_port, spawn_ranks
 
 
 def _worker(rank, out_path, port):
@@ -40,7 +39,7 @@ def _worker(rank, out_path, port):
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("warmup") / "out.pt"
-    mp.spawn(_worker, args=(str(out), rendezvous_port()), nprocs=1)
+    spawn_ranks(_worker, args=(str(out), rendezvous_port()), nprocs=1)
     return torch.load(out, weights_only=False)
 
 

@@ -24,8 +24,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-from loopback_world import join_world, rendezvous_port
+from loopback_world import join_world, rendezvous_port, spawn_ranks
 
 GLOBAL_MICROBATCHES = 2  # the global batch: split over DP ranks, run as microbatches within a rank
 DATA_SEED = 7
@@ -110,7 +109,7 @@ def run_layout(
     """Spawn `world` ranks for `mode`'s layout; with `init_state`, start from those full weights."""
     out_dir.mkdir(parents=True, exist_ok=True)
     args = (world, rendezvous_port(), preset, mode, steps, str(out_dir), init_state, distributed_optimizer, rank_setup)
-    mp.spawn(_worker, args=args, nprocs=world)
+    spawn_ranks(_worker, args=args, nprocs=world)
     ranks = [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(world)]
     if init_state is None:
         torch.save(_assemble([r["initial"] for r in ranks]), out_dir / "initial.pt")

@@ -12,8 +12,7 @@ import time
 
 import pytest
 import torch
-import torch.multiprocessing as mp
-from loopback_world import join_world, rendezvous_port
+from loopback_world import join_world, rendezvous_port, spawn_ranks
 from megatron_harness import _quiet_expected_warnings
 
 from ftexp.config import Engine, MegatronConfig, ModeConfig, RolloutConfig, TrainerConfig
@@ -74,7 +73,7 @@ def _one_rank_worker(rank, port, out_path):
 @pytest.fixture(scope="module")
 def one_rank(tmp_path_factory):
     out = tmp_path_factory.mktemp("hf_export") / "one_rank.pt"
-    mp.spawn(_one_rank_worker, args=(rendezvous_port(), str(out)), nprocs=1)
+    spawn_ranks(_one_rank_worker, args=(rendezvous_port(), str(out)), nprocs=1)
     return torch.load(out, weights_only=False)
 
 
@@ -206,8 +205,8 @@ MULTI_RANK = [  # preset, layout, world (> ranks of a replica: the rest is data 
 def test_multi_rank_export_equals_the_one_rank_model(one_rank, preset, mode, world, tmp_path):
     run = one_rank[preset]
     torch.save(run["full"], tmp_path / "full.pt")
-    mp.spawn(_multi_rank_worker, args=(world, rendezvous_port(), preset, mode, str(tmp_path / "full.pt"), str(tmp_path)),
-             nprocs=world)
+    spawn_ranks(_multi_rank_worker, nprocs=world,
+                args=(world, rendezvous_port(), preset, mode, str(tmp_path / "full.pt"), str(tmp_path)))
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world)]
     assert all(r["loaded"] is None and r["seeded"] is None for r in ranks[1:])  # only the first rank holds it
     got, want = ranks[0]["loaded"], run["hf"]

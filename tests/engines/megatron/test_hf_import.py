@@ -12,9 +12,8 @@ change the logits.
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from hf_checkpoints import write_checkpoint
-from loopback_world import join_world, rendezvous_port
+from loopback_world import join_world, rendezvous_port, spawn_ranks
 from megatron_harness import _quiet_expected_warnings
 
 from ftexp.config import Engine, MegatronConfig, ModeConfig, RolloutConfig, TrainerConfig
@@ -86,7 +85,7 @@ def checkpoints(tmp_path_factory):
 
 
 def _spawn(world, runs, tmp_path):
-    mp.spawn(_worker, args=(world, rendezvous_port(), runs, str(tmp_path / "out.pt")), nprocs=world)
+    spawn_ranks(_worker, args=(world, rendezvous_port(), runs, str(tmp_path / "out.pt")), nprocs=world)
     return torch.load(tmp_path / "out.pt", weights_only=False)
 
 
@@ -188,8 +187,8 @@ def test_tied_embeddings_stay_tied_through_a_pipeline_parallel_training_step(che
     runs = {}
     for name, layout, world in (("pp1", {}, 1), ("pp2", dict(pp=2), 2)):
         (tmp_path / name).mkdir()
-        mp.spawn(_train_worker, args=(world, rendezvous_port(), str(checkpoints["tied"]), layout, str(tmp_path / name)),
-                 nprocs=world)
+        spawn_ranks(_train_worker, nprocs=world,
+                    args=(world, rendezvous_port(), str(checkpoints["tied"]), layout, str(tmp_path / name)))
         runs[name] = [torch.load(tmp_path / name / f"rank{r}.pt") for r in range(world)]
     embedding = "embedding.word_embeddings.weight"
     first, last = runs["pp2"][0]["params"], runs["pp2"][1]["params"]

@@ -7,8 +7,7 @@ of a 4-cell run train on); the MoE preset's sequence-level aux loss is part of t
 
 import pytest
 import torch
-import torch.multiprocessing as mp
-from loopback_world import join_world, rendezvous_port
+from loopback_world import join_world, rendezvous_port, spawn_ranks
 
 SAMPLES = 16
 
@@ -62,7 +61,7 @@ def _worker(rank, out_path, port):
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("replica") / "out.pt"
-    mp.spawn(_worker, args=(str(out), rendezvous_port()), nprocs=1)
+    spawn_ranks(_worker, args=(str(out), rendezvous_port()), nprocs=1)
     return torch.load(out, weights_only=False)
 
 

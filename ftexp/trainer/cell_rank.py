@@ -232,8 +232,9 @@ class CellRank:
         except Exception as e:
             return self._quorum_failed(info, e)
         t2 = time.monotonic()
-        # From this rank's configured group to its source's connection; then the bytes.
-        connected = receiver.connected_at if recv_src_rank is not None else t1
+        # From this rank's configured group to its source's connection; then the bytes, timed where
+        # they arrive (the hand-back from the receiving thread is not the transfer's).
+        connected, arrived = (receiver.connected_at, receiver.received_at) if recv_src_rank is not None else (t1, t1)
         if recv_src_rank is not None:
             if control == NegativeControl.skip_optimizer_transfer:
                 state["optimizer"] = self.replica.optimizer.state_dict()
@@ -241,7 +242,7 @@ class CellRank:
                 state["rng"] = rng_state()  # the bug: the healed cell keeps its own fresh generators
             if control != NegativeControl.skip_heal_transfer:
                 self.replica.load_state_dict(state)
-        return {"ok": True, "configure_s": t1 - t0, "transfer_wait_s": connected - t1, "transfer_s": t2 - connected,
+        return {"ok": True, "configure_s": t1 - t0, "transfer_wait_s": connected - t1, "transfer_s": arrived - connected,
                 "load_s": time.monotonic() - t2, "bytes": received, "last_rollout_id": self.replica.last_rollout_id}
 
     def reconfigure(self, info: IndepDPInfo, send_to: list[int]) -> dict[str, Any]:
@@ -274,8 +275,8 @@ class CellRank:
                 run_releasable(send_all, self._release_event(info.quorum_id))
         except Exception as e:
             return self._quorum_failed(info, e)
-        return {"ok": True, "configure_s": t1 - t0, "transfer_wait_s": sum(waited),
-                "transfer_s": time.monotonic() - t1 - sum(waited), "load_s": 0.0, "bytes": sum(sent)}
+        # The transfer itself is timed where the bytes arrive (``init`` of the healed ranks).
+        return {"ok": True, "configure_s": t1 - t0, "transfer_wait_s": sum(waited), "load_s": 0.0, "bytes": sum(sent)}
 
     def _quorum_failed(self, info: IndepDPInfo, error: Exception) -> dict[str, Any]:
         log.warning("joining quorum %d failed: %s", info.quorum_id, error)

@@ -254,7 +254,8 @@ class TrainGroup:
                 "allocate_s": t_allocated - t0,
                 "configure_s": max(r["configure_s"] for rs in results.values() for r in rs),
                 "transfer_wait_s": max(r["transfer_wait_s"] for rs in results.values() for r in rs),
-                "transfer_s": max(r["transfer_s"] for rs in results.values() for r in rs),
+                # The bytes' time as the healed ranks saw it: from their source's connection to the last byte.
+                "transfer_s": max(r["transfer_s"] for i in pending for r in results[i]),
                 "load_s": max(r["load_s"] for rs in results.values() for r in rs),
                 "reconfigure_total_s": time.monotonic() - t0,
             }

@@ -227,6 +227,7 @@ class StateReceiver:
         self.server: socket.socket | None = None
         self.conn: socket.socket | None = None
         self.connected_at: float | None = None  # time.monotonic() when the source connected
+        self.received_at: float | None = None  # time.monotonic() when the state's last byte arrived
         self.cancelled = False
         self._lock = threading.Lock()
 
@@ -246,7 +247,9 @@ class StateReceiver:
                 if self.cancelled:
                     raise ConnectionAbortedError("heal transfer cancelled")
             conn.settimeout(self.timeout_s)
-            return recv_state(conn, self.into)
+            received = recv_state(conn, self.into)
+            self.received_at = time.monotonic()
+            return received
         finally:
             self.close()
 

@@ -41,8 +41,7 @@ class ScriptedRank:
 
     def reconfigure(self, info, send_to):
         self.calls.append(("reconfigure", info.quorum_id, list(send_to)))
-        return {"ok": True, "configure_s": 0.0, "transfer_wait_s": 0.0, "transfer_s": 0.0, "load_s": 0.0,
-                "bytes": 100 * len(send_to)}
+        return {"ok": True, "configure_s": 0.0, "transfer_wait_s": 0.0, "load_s": 0.0, "bytes": 100 * len(send_to)}
 
     def train(self, rollout_id, attempt, witness):
         if self.train_behaviour == "fail":

@@ -19,6 +19,7 @@ import ftexp.cli
 
 def _child(request: dict) -> int:
     os.chdir(request["cwd"])
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # the requests' pipe is the server's alone
     for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
         file_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(file_fd, fd)

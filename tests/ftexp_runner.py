@@ -16,8 +16,9 @@ def run_ftexp(*overrides: str, cwd: Path, timeout: float = 900) -> subprocess.Co
 
 
 class ForkedCli:
-    """``python -m ftexp`` for many short runs (bad input), each a fork of one server that imported the
-    CLI once (``cli_fork_server``), with :func:`run_ftexp`'s result. The server ends with :meth:`close`."""
+    """``python -m ftexp`` for many short runs (bad input, compare only), each a fork of one server that
+    imported the CLI once (``cli_fork_server``), with :func:`run_ftexp`'s result. The server ends with
+    :meth:`close`."""
 
     def __init__(self) -> None:
         self.outputs = Path(tempfile.mkdtemp(prefix="ftexp_cli_"))

@@ -6,7 +6,7 @@ hosts it on loopback only (``ftexp.store.LoopbackStore``) and every spawned rank
 The ranks start as forks of one server that imported torch's compiler stack and megatron-core once
 (``spawn_ranks``): a fresh interpreter spends ~5 CPU-seconds on those imports, far more than the few
 training steps a test rank runs. Each rank still starts from the server's clean state, before any
-thread or process group.
+thread or process group. The server (multiprocessing's forkserver) lives as long as the test process.
 """
 
 import datetime as dt

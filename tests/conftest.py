@@ -13,19 +13,14 @@ instead of one long file running alone.
 
 Each worker computes with one intra-op thread: two workers already fill the two cores, and a
 second thread per worker only spins against the other worker's processes.
-
-The ``cli`` fixture runs a file's many short command lines (bad input, compare only) as forks of
-one process that imported the CLI once: ~4 CPU-seconds of imports each, saved.
 """
 
 from pathlib import PurePosixPath
 
-import pytest
 import torch
 from xdist.scheduler import LoadFileScheduling
 
 import ftexp  # noqa: F401  (before any test computes: it picks torch's CPU kernels, as in every run)
-from ftexp_runner import ForkedCli
 
 torch.set_num_threads(1)
 
@@ -55,11 +50,3 @@ def pytest_collection_modifyitems(items):
 
     items.sort(key=rank)  # stable: within a file, and for every other file, the order stays
 
-
-@pytest.fixture(scope="module")
-def cli():
-    """``python -m ftexp`` for a file's many short runs (bad input, compare only), without an
-    interpreter start each (``ftexp_runner.ForkedCli``)."""
-    forked = ForkedCli()
-    yield forked
-    forked.close()

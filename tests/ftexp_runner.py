@@ -2,12 +2,14 @@
 
 import json
 import os
-import select
-import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from preloaded_forks import forkserver_context
+
+import ftexp.cli
 
 
 def run_ftexp(*overrides: str, cwd: Path, timeout: float = 900) -> subprocess.CompletedProcess:
@@ -15,33 +17,34 @@ def run_ftexp(*overrides: str, cwd: Path, timeout: float = 900) -> subprocess.Co
                           timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
-class ForkedCli:
-    """``python -m ftexp`` for many short runs (bad input, compare only), each a fork of one server that
-    imported the CLI once (``cli_fork_server``), with :func:`run_ftexp`'s result. The server ends with
-    :meth:`close`."""
+def _cli_main(argv: list[str], cwd: str, stdout: str, stderr: str) -> None:
+    """``python -m ftexp`` with ``argv`` in ``cwd``, its output in the files ``stdout`` and ``stderr``."""
+    os.chdir(cwd)
+    for fd, path in ((1, stdout), (2, stderr)):
+        file_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(file_fd, fd)
+        os.close(file_fd)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)
+    sys.argv = ["ftexp", *argv]
+    ftexp.cli.main()  # its SystemExit becomes the process's exit code, as in the interpreter
 
-    def __init__(self) -> None:
-        self.outputs = Path(tempfile.mkdtemp(prefix="ftexp_cli_"))
-        self.server = subprocess.Popen([sys.executable, str(Path(__file__).with_name("cli_fork_server.py"))],
-                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                       env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
-    def run(self, *overrides: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
-        stdout, stderr = self.outputs / "stdout", self.outputs / "stderr"
-        request = {"argv": list(overrides), "cwd": str(cwd), "stdout": str(stdout), "stderr": str(stderr)}
-        self.server.stdin.write(json.dumps(request) + "\n")
-        self.server.stdin.flush()
-        if not select.select([self.server.stdout], [], [], timeout)[0]:
-            self.server.kill()
+def run_ftexp_forked(*overrides: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
+    """:func:`run_ftexp` for a short command line (bad input, compare only), run in a fork of the test
+    process's preloaded fork server (``preloaded_forks``) instead of a fresh interpreter."""
+    with tempfile.TemporaryDirectory(prefix="ftexp_cli_") as outputs:
+        stdout, stderr = Path(outputs, "stdout"), Path(outputs, "stderr")
+        proc = forkserver_context().Process(target=_cli_main, args=(list(overrides), str(cwd), str(stdout),
+                                                                     str(stderr)))
+        proc.start()
+        proc.join(timeout)
+        if proc.exitcode is None:
+            proc.kill()
+            proc.join()
             raise subprocess.TimeoutExpired(["ftexp", *overrides], timeout)
-        returncode = json.loads(self.server.stdout.readline())["returncode"]
-        return subprocess.CompletedProcess([sys.executable, "-m", "ftexp", *overrides], returncode,
+        return subprocess.CompletedProcess([sys.executable, "-m", "ftexp", *overrides], proc.exitcode,
                                            stdout.read_text(), stderr.read_text())
-
-    def close(self) -> None:
-        self.server.stdin.close()
-        self.server.wait(timeout=30)
-        shutil.rmtree(self.outputs)
 
 
 def report_checks(run_dir: Path) -> dict[str, dict]:

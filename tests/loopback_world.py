@@ -3,23 +3,18 @@
 torch's ``tcp://`` init makes rank 0 host the TCPStore on every interface. Here the test process
 hosts it on loopback only (``ftexp.store.LoopbackStore``) and every spawned rank joins as a client.
 
-The ranks start as forks of one server that imported torch's compiler stack and megatron-core once
-(``spawn_ranks``): a fresh interpreter spends ~5 CPU-seconds on those imports, far more than the few
-training steps a test rank runs. Each rank still starts from the server's clean state, before any
-thread or process group. The server (multiprocessing's forkserver) lives as long as the test process.
+The ranks start as forks of the test process's preloaded fork server (``spawn_ranks``,
+``preloaded_forks``), not as fresh interpreters.
 """
 
 import datetime as dt
-import multiprocessing
 import os
 
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from preloaded_forks import forkserver_context
 
 from ftexp.store import LoopbackStore
-
-# torch's optimizers import torch._dynamo when they are built; megatron-core is what every rank builds.
-PRELOAD = ["torch", "torch._dynamo", "megatron.core", "ftexp.engines.megatron.model"]
 
 _STORES: list[LoopbackStore] = []  # alive as long as the test process: the ranks of its spawns rendezvous on them
 
@@ -39,5 +34,5 @@ def join_world(rank: int, world: int, port: int) -> None:
 
 def spawn_ranks(fn, args: tuple, nprocs: int) -> None:
     """``torch.multiprocessing.spawn(fn, args, nprocs)``, each rank forked from the preloaded server."""
-    multiprocessing.set_forkserver_preload(PRELOAD)
+    forkserver_context()  # the server torch's forkserver start method then forks from
     mp.start_processes(fn, args=args, nprocs=nprocs, start_method="forkserver")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ftexp_runner import ForkedCli, run_ftexp
+from ftexp_runner import run_ftexp, run_ftexp_forked
 
 pytestmark = pytest.mark.e2e
 
@@ -123,15 +123,16 @@ def _copy_of(runs: Path, key: tuple[str, str], tmp_path: Path) -> Path:
     return dst
 
 
-def _compare(cli: ForkedCli, run_dir: Path, scenario: str, mode: str):
-    return cli.run(f"mode={mode}", f"scenario={scenario}", "stage=compare", f"run_dir={run_dir}", cwd=run_dir.parent)
+def _compare(run_dir: Path, scenario: str, mode: str):
+    return run_ftexp_forked(f"mode={mode}", f"scenario={scenario}", "stage=compare", f"run_dir={run_dir}",
+                            cwd=run_dir.parent)
 
 
-def test_compare_reproduces_verdict_without_training(cli, runs, tmp_path):
+def test_compare_reproduces_verdict_without_training(runs, tmp_path):
     run_dir = _copy_of(runs, ("no_failure", "dp2"), tmp_path)
     before = _report(run_dir)
     (run_dir / "report.json").unlink()
-    result = _compare(cli, run_dir, "no_failure", "dp2")
+    result = _compare(run_dir, "no_failure", "dp2")
     assert result.returncode == 0, result.stderr
     after = _report(run_dir)
     assert [c["name"] for c in after["checks"]] == [c["name"] for c in before["checks"]]
@@ -143,7 +144,7 @@ def _target_grad(run_dir: Path, phase: str = "") -> Path:
     return next(leaf.glob("*name=grad__layers.0.mlp.fc1.weight___*.pt"))
 
 
-def test_perturbed_gradient_fails_naming_it(cli, runs, tmp_path):
+def test_perturbed_gradient_fails_naming_it(runs, tmp_path):
     run_dir = _copy_of(runs, ("no_failure", "dp2"), tmp_path)
     path = _target_grad(run_dir)
     dump = torch.load(path, weights_only=True)
@@ -151,7 +152,7 @@ def test_perturbed_gradient_fails_naming_it(cli, runs, tmp_path):
     torch.manual_seed(0)
     dump["value"] = g * (1 + 0.02 * torch.randn_like(g))  # each element off by ~2%
     torch.save(dump, path)
-    result = _compare(cli, run_dir, "no_failure", "dp2")
+    result = _compare(run_dir, "no_failure", "dp2")
     assert result.returncode == 1
     report = _report(run_dir)
     # rel ~ 2e-4 passes the seed's bf16-calibrated rel <= 0.0085; the fp32 rules catch it.
@@ -160,20 +161,20 @@ def test_perturbed_gradient_fails_naming_it(cli, runs, tmp_path):
     assert not dumps["passed"] and "grad__layers.0.mlp.fc1.weight" in json.dumps(dumps)
 
 
-def test_deleted_tensor_or_leaf_fails(cli, runs, tmp_path):
+def test_deleted_tensor_or_leaf_fails(runs, tmp_path):
     run_dir = _copy_of(runs, ("no_failure", "dp2"), tmp_path)
     _target_grad(run_dir).unlink()
-    assert _compare(cli, run_dir, "no_failure", "dp2").returncode == 1
+    assert _compare(run_dir, "no_failure", "dp2").returncode == 1
     assert "grad__layers.0.mlp.fc1.weight" in json.dumps(_check(_report(run_dir), "dumps"))
     shutil.rmtree(run_dir / "target" / "dumps" / "fwd_bwd" / "rollout_1")
-    assert _compare(cli, run_dir, "no_failure", "dp2").returncode == 1
+    assert _compare(run_dir, "no_failure", "dp2").returncode == 1
     assert "rollout_1" in _check(_report(run_dir), "dumps")["summary"] + json.dumps(_check(_report(run_dir), "dumps"))
 
 
-def test_corrupt_dump_is_bad_input(cli, runs, tmp_path):
+def test_corrupt_dump_is_bad_input(runs, tmp_path):
     run_dir = _copy_of(runs, ("no_failure", "dp2"), tmp_path)
     _target_grad(run_dir).write_bytes(b"not a torch file")
-    result = _compare(cli, run_dir, "no_failure", "dp2")
+    result = _compare(run_dir, "no_failure", "dp2")
     assert result.returncode == 2 and "corrupt" in result.stderr
 
 
@@ -185,7 +186,7 @@ def _check_names(run_dir: Path) -> list[str]:
     return [c["name"] for c in _report(run_dir)["checks"]]
 
 
-def test_scale_error_fails_the_seed_rules_naming_tensor_and_rule(cli, runs, tmp_path):
+def test_scale_error_fails_the_seed_rules_naming_tensor_and_rule(runs, tmp_path):
     """One gradient 3% too small: rel ~4.6e-4 passes rel <= 0.0085; the stock norm_ratio bound (0.015)
     catches it without the CPU-only fp32 rules, i.e. with what a bf16 GPU run would have."""
     run_dir = _copy_of(runs, ("with_failure", "dp2"), tmp_path)
@@ -193,8 +194,8 @@ def test_scale_error_fails_the_seed_rules_naming_tensor_and_rule(cli, runs, tmp_
     dump = torch.load(path, weights_only=True)
     dump["value"] = dump["value"] * 0.97
     torch.save(dump, path)
-    result = cli.run("mode=dp2", "scenario=with_failure", "stage=compare", f"run_dir={run_dir}",
-                     "threshold.fp32_dumps=[]", cwd=tmp_path)
+    result = run_ftexp_forked("mode=dp2", "scenario=with_failure", "stage=compare", f"run_dir={run_dir}",
+                              "threshold.fp32_dumps=[]", cwd=tmp_path)
     assert result.returncode == 1
     failed = _failed_checks(run_dir)
     assert "phase_b/dumps" in failed and not any(name.startswith("phase_b/metrics") for name in failed)
@@ -206,12 +207,12 @@ def test_scale_error_fails_the_seed_rules_naming_tensor_and_rule(cli, runs, tmp_
     assert "grad__layers.0.mlp.fc1.weight" in summary and "norm_ratio <= 0.015" in summary
 
 
-def test_tensor_inventory_names_a_tensor_renamed_in_the_target_or_lost_from_both_sides(cli, runs, tmp_path):
+def test_tensor_inventory_names_a_tensor_renamed_in_the_target_or_lost_from_both_sides(runs, tmp_path):
     run_dir = _copy_of(runs, ("no_failure", "dp2"), tmp_path)
     path = _target_grad(run_dir)
     renamed = path.with_name(path.name.replace("mlp.fc1.weight", "mlp.fc1.weight_v2"))
     path.rename(renamed)
-    assert _compare(cli, run_dir, "no_failure", "dp2").returncode == 1
+    assert _compare(run_dir, "no_failure", "dp2").returncode == 1
     inventory = _check(_report(run_dir), "tensor_inventory")
     assert not inventory["passed"]
     assert inventory["summary"].endswith("first: fwd_bwd/rollout_1: grad__layers.0.mlp.fc1.weight "
@@ -222,7 +223,7 @@ def test_tensor_inventory_names_a_tensor_renamed_in_the_target_or_lost_from_both
     # Lost from both sides of one rollout: nothing left for the value comparison to notice.
     renamed.unlink()
     next((run_dir / "baseline" / "dumps" / "fwd_bwd" / "rollout_1").glob("*name=grad__layers.0.mlp.fc1.weight___*.pt")).unlink()
-    assert _compare(cli, run_dir, "no_failure", "dp2").returncode == 1
+    assert _compare(run_dir, "no_failure", "dp2").returncode == 1
     failed = _failed_checks(run_dir)
     assert "tensor_inventory" in failed and "dumps" not in failed  # the group's value comparison sees nothing
     assert failed["tensor_inventory"]["summary"].endswith(
@@ -230,12 +231,12 @@ def test_tensor_inventory_names_a_tensor_renamed_in_the_target_or_lost_from_both
         "missing in fwd_bwd/rollout_1")
 
 
-def test_dead_threshold_rule_is_flagged(cli, runs, tmp_path):
+def test_dead_threshold_rule_is_flagged(runs, tmp_path):
     """A typo'd pattern judges nothing; the dumps check fails naming the rule although every tensor passed."""
     run_dir = _copy_of(runs, ("no_failure", "dp2"), tmp_path)
-    result = cli.run("mode=dp2", "scenario=no_failure", "stage=compare", f"run_dir={run_dir}",
-                     "threshold.dumps=[['grad__.*[.]atn[.].*','rel <= 0'],['.*','rel <= 0.0085 and norm_ratio <= 0.015']]",
-                     cwd=tmp_path)
+    result = run_ftexp_forked("mode=dp2", "scenario=no_failure", "stage=compare", f"run_dir={run_dir}",
+                              "threshold.dumps=[['grad__.*[.]atn[.].*','rel <= 0'],['.*','rel <= 0.0085 and norm_ratio <= 0.015']]",
+                              cwd=tmp_path)
     assert result.returncode == 1
     failed = _failed_checks(run_dir)
     assert "dumps" in failed and "tensor_inventory" not in failed
@@ -244,24 +245,24 @@ def test_dead_threshold_rule_is_flagged(cli, runs, tmp_path):
     assert issue.startswith("threshold rule #0 'grad__.*[.]atn[.].*' -> 'rel <= 0' is the first match of no tensor")
 
 
-def test_removed_heal_event_fails(cli, runs, tmp_path):
+def test_removed_heal_event_fails(runs, tmp_path):
     run_dir = _copy_of(runs, ("with_failure", "dp2"), tmp_path)
     main_log = run_dir / "target" / "phase_b" / "events" / "main.jsonl"
     lines = [ln for ln in main_log.read_text().splitlines() if '"healed_cell_indices":[1]' not in ln]
     main_log.write_text("\n".join(lines) + "\n")
-    assert _compare(cli, run_dir, "with_failure", "dp2").returncode == 1
+    assert _compare(run_dir, "with_failure", "dp2").returncode == 1
     assert not _check(_report(run_dir), "phase_b/target_reconfigures")["passed"]
 
 
-def test_missing_fault_event_fails(cli, runs, tmp_path):
+def test_missing_fault_event_fails(runs, tmp_path):
     run_dir = _copy_of(runs, ("with_failure", "dp2"), tmp_path)
     for path in (run_dir / "target" / "phase_b" / "events").glob("*.jsonl"):
         path.write_text("".join(ln + "\n" for ln in path.read_text().splitlines() if '"fault_injected"' not in ln))
-    assert _compare(cli, run_dir, "with_failure", "dp2").returncode == 1
+    assert _compare(run_dir, "with_failure", "dp2").returncode == 1
     assert not _check(_report(run_dir), "phase_b/faults_injected")["passed"]
 
 
-def test_last_bit_flip_fails_deterministic(cli, runs, tmp_path):
+def test_last_bit_flip_fails_deterministic(runs, tmp_path):
     run_dir = _copy_of(runs, ("deterministic", "dp4"), tmp_path)
     leaf = run_dir / "target" / "phase_b" / "dumps" / "fwd_bwd" / "rollout_5"
     path = next(leaf.glob("*name=weight__lm_head.weight___*.pt"))
@@ -270,15 +271,15 @@ def test_last_bit_flip_fails_deterministic(cli, runs, tmp_path):
     w.view(-1)[7] = torch.nextafter(w.view(-1)[7], torch.tensor(float("inf")))
     dump["value"] = w
     torch.save(dump, path)
-    assert _compare(cli, run_dir, "deterministic", "dp4").returncode == 1
+    assert _compare(run_dir, "deterministic", "dp4").returncode == 1
     assert "weight__lm_head.weight" in json.dumps(_check(_report(run_dir), "phase_b/dumps"))
 
 
-def test_with_the_audit_off_the_report_names_the_checks_it_did_not_run(cli, runs, tmp_path):
+def test_with_the_audit_off_the_report_names_the_checks_it_did_not_run(runs, tmp_path):
     """``trainer.audit=false`` still compares dumps and metrics, and never passes the audit rules silently."""
     run_dir = _copy_of(runs, ("with_failure", "dp2"), tmp_path)
-    result = cli.run("mode=dp2", "scenario=with_failure", "stage=compare", f"run_dir={run_dir}", "trainer.audit=false",
-                     cwd=tmp_path)
+    result = run_ftexp_forked("mode=dp2", "scenario=with_failure", "stage=compare", f"run_dir={run_dir}",
+                              "trainer.audit=false", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     report = _report(run_dir)
     assert _check(report, "phase_b/dumps")["passed"] and _check(report, "phase_b/metrics[train/]")["passed"]
@@ -286,11 +287,11 @@ def test_with_the_audit_off_the_report_names_the_checks_it_did_not_run(cli, runs
         assert _check(report, name)["summary"].startswith("NOT RUN: trainer.audit=false"), name
 
 
-def test_wrong_threshold_fails(cli, runs, tmp_path):
+def test_wrong_threshold_fails(runs, tmp_path):
     """The with_failure run is not bitwise (a degraded quorum reorders sums): a bitwise threshold must fail it."""
     run_dir = _copy_of(runs, ("with_failure", "dp2"), tmp_path)
-    result = cli.run("mode=dp2", "scenario=with_failure", "stage=compare", f"run_dir={run_dir}",
-                     "threshold.dumps=[['.*','rel <= 0']]", cwd=tmp_path)
+    result = run_ftexp_forked("mode=dp2", "scenario=with_failure", "stage=compare", f"run_dir={run_dir}",
+                              "threshold.dumps=[['.*','rel <= 0']]", cwd=tmp_path)
     assert result.returncode == 1
     assert not _check(_report(run_dir), "phase_b/dumps")["passed"]
 
@@ -320,13 +321,13 @@ def test_broken_healing_turns_verdict_red(runs, tmp_path, control, parts):
     assert {part.split()[0] for part in differing.split(", ")} == parts, failure
 
 
-def test_reduction_order_shows_on_four_cells(cli, runs, tmp_path):
+def test_reduction_order_shows_on_four_cells(runs, tmp_path):
     """The target's cross-cell reduce folds ((c0 + c1) + c2) + c3 instead of the baseline's pairwise tree. The
     cells agree with each other (training passes), but not bitwise with the baseline: on 2 cells this
     bug could not show, as a + b == b + a."""
     run_dir = _copy_of(runs, ("deterministic", "dp4"), tmp_path)
     assert _retrain(run_dir, "deterministic", "dp4", "target", "phase_a", "ascending_cell_fold").returncode == 0
-    assert _compare(cli, run_dir, "deterministic", "dp4").returncode == 1
+    assert _compare(run_dir, "deterministic", "dp4").returncode == 1
     failed = _failed_checks(run_dir)
     assert {"phase_a/dumps", "phase_a/dumps/cell1", "phase_a/dumps/cell2", "phase_a/dumps/cell3"} <= set(failed)
     # phase_b is the stock run's: its target resumed from a phase_a checkpoint that is no longer there.
@@ -335,19 +336,19 @@ def test_reduction_order_shows_on_four_cells(cli, runs, tmp_path):
     assert worst["name"].startswith("grad__") and worst["leaf"] == "fwd_bwd/rollout_0" and worst["rule"] == ".*"
 
 
-def test_logging_cell_must_follow_the_first_alive_cell(cli, runs, tmp_path):
+def test_logging_cell_must_follow_the_first_alive_cell(runs, tmp_path):
     """A bug that only a crash of cell 0 shows: cell 0 writes the group's dumps and metrics even while it is
     down, so rollout 2 (cells 1-3 alive) has none, and cell 1 dumped it as a non-first cell."""
     run_dir = _copy_of(runs, ("with_failure_cell0", "dp4"), tmp_path)
     assert _retrain(run_dir, "with_failure_cell0", "dp4", "target", "phase_b", "cell0_writes_group_logs").returncode == 0
-    assert _compare(cli, run_dir, "with_failure_cell0", "dp4").returncode == 1
+    assert _compare(run_dir, "with_failure_cell0", "dp4").returncode == 1
     failed = _failed_checks(run_dir)
     assert "leaf fwd_bwd/rollout_2 missing in target" in failed["phase_b/dumps"]["summary"]
     assert failed["phase_b/cell_dump_leaves/cell1"]["details"]["actual"] == [f"fwd_bwd/rollout_{r}" for r in (1, 2, 3, 5)]
     assert "phase_b/metrics[train/]" in failed
 
 
-def test_a_healed_cells_own_gradient_is_compared(cli, runs, tmp_path):
+def test_a_healed_cells_own_gradient_is_compared(runs, tmp_path):
     """Cell 1 of with_failure is healed at rollout 3; its own rollout-3 gradient, 2% off, turns the verdict red
     (the group's dumps, written by cell 0, and the checksum rule over other events cannot see it)."""
     run_dir = _copy_of(runs, ("with_failure", "dp2"), tmp_path)
@@ -360,14 +361,14 @@ def test_a_healed_cells_own_gradient_is_compared(cli, runs, tmp_path):
     torch.manual_seed(0)
     dump["value"] = dump["value"] * (1 + 0.02 * torch.randn_like(dump["value"]))
     torch.save(dump, path)
-    assert _compare(cli, run_dir, "with_failure", "dp2").returncode == 1
+    assert _compare(run_dir, "with_failure", "dp2").returncode == 1
     failed = _failed_checks(run_dir)
     assert list(failed) == ["phase_b/dumps_fp32/cell1"]
     [record] = failed["phase_b/dumps_fp32/cell1"]["details"]["not_passed"]
     assert (record["name"], record["leaf"]) == ("grad__layers.0.mlp.fc1.weight", "fwd_bwd/rollout_3")
 
 
-def test_an_event_log_lost_on_resume_by_both_sides_fails_the_absolute_resume_checks(cli, runs, tmp_path):
+def test_an_event_log_lost_on_resume_by_both_sides_fails_the_absolute_resume_checks(runs, tmp_path):
     """Both sides' phase_b without phase_a's event log: the baseline re-trained with the restore skipped (its
     witness counter restarts, phase_a's commits vanish), the target's restored part cut from its log. Their
     weights, gradients and metrics still agree with each other, so every check comparing the two sides passes;
@@ -378,7 +379,7 @@ def test_an_event_log_lost_on_resume_by_both_sides_fails_the_absolute_resume_che
     for restored in snapshot.glob("*.jsonl"):
         log = run_dir / "target" / "phase_b" / "events" / restored.name
         log.write_bytes(log.read_bytes().removeprefix(restored.read_bytes()))
-    assert _compare(cli, run_dir, "with_failure", "dp2").returncode == 1
+    assert _compare(run_dir, "with_failure", "dp2").returncode == 1
     failed = _failed_checks(run_dir)
     assert set(failed) == {"phase_b/baseline_resume", "phase_b/target_resume", "phase_b/target_event_analyzer"}
     for side in ("baseline", "target"):
@@ -388,12 +389,12 @@ def test_an_event_log_lost_on_resume_by_both_sides_fails_the_absolute_resume_che
 
 
 
-def test_removed_witness_snapshot_fails(cli, runs, tmp_path):
+def test_removed_witness_snapshot_fails(runs, tmp_path):
     run_dir = _copy_of(runs, ("with_failure", "dp2"), tmp_path)
     healed = run_dir / "target" / "phase_b" / "events" / "actor_cell1_rank0.jsonl"
     healed.write_text("".join(ln + "\n" for ln in healed.read_text().splitlines()
                               if not ('"witness_snapshot_param"' in ln and '"rollout_id":3' in ln)))
-    assert _compare(cli, run_dir, "with_failure", "dp2").returncode == 1
+    assert _compare(run_dir, "with_failure", "dp2").returncode == 1
     analyzer = _check(_report(run_dir), "phase_b/target_event_analyzer")
     assert not analyzer["passed"] and "[witness] rollout 3: cell 1 committed but logged no witness snapshot" in analyzer["summary"]
 

@@ -10,7 +10,7 @@ first started, so every user asks for the same list; it lives as long as the tes
 
 import multiprocessing
 
-PRELOAD = ["torch", "torch._dynamo", "megatron.core", "ftexp.engines.megatron.model", "ftexp.cli"]
+PRELOAD = ["torch", "torch._dynamo", "ftexp.engines.megatron.model", "ftexp.cli"]  # the model module loads megatron-core
 
 
 def forkserver_context():

@@ -21,6 +21,11 @@ features used here (local layer specs, fp32, no fusions), so a thin layer of pat
   (`_gather_unevenly`, `_reduce_scatter_unevenly`). The zeros add nothing to a sum and are never
   read, so the result is the uneven collective's.
 
+Apart from CUDA, one start-up cost: megatron-core wraps its fused kernels in `torch.compile` as its
+modules load, and the first wrap imports torch's compiler (inductor: ~1.2 CPU-s in every rank
+process). The local layer specs never call those kernels, so `fusions_uncompiled` loads
+megatron-core with them left as plain functions.
+
 Everything is keyed to the pinned release; another version raises instead of half-working.
 """
 
@@ -149,6 +154,31 @@ def _cpu_type_names(code: types.CodeType) -> types.CodeType:
         return const
 
     return code.replace(co_consts=tuple(fix(c) for c in code.co_consts))
+
+
+@contextlib.contextmanager
+def fusions_uncompiled():
+    """Import megatron-core inside this block: its fused kernels stay plain functions, not `torch.compile` wraps.
+
+    megatron-core's own switch (`megatron.core.jit.disable_jit_fuser`) lives in the package whose loading
+    wraps the kernels, so it comes too late for them: while the block runs, `torch.compile` hands back
+    the function it is given; afterwards the switch covers the megatron modules that load later.
+    Without the wraps, a kernel that did run would run eagerly, which is what the CPU does anyway.
+    """
+    compile_ = torch.compile
+    torch.compile = _leave_uncompiled
+    try:
+        yield
+    finally:
+        torch.compile = compile_
+    from megatron.core import jit
+
+    jit.disable_jit_fuser()
+
+
+def _leave_uncompiled(model=None, **options):
+    """`torch.compile`'s signature, as a decorator with or without options, compiling nothing."""
+    return model if model is not None else (lambda fn: fn)
 
 
 def _check_version():

@@ -13,17 +13,20 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
-from megatron.core import parallel_state
-from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
-from megatron.core.models.gpt import GPTModel
-from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
-from megatron.core.transformer import TransformerConfig
+
+from ftexp.engines.megatron.cpu_compat import apply_cpu_patches, fusions_uncompiled
+from ftexp.engines.megatron.presets import PRESETS, GPTPreset
+
+with fusions_uncompiled():  # the first import of megatron-core in a process (see fusions_uncompiled)
+    from megatron.core import parallel_state
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+    from megatron.core.transformer import TransformerConfig
 
 from ftexp.engines.megatron.cp_attention import ContextParallelAttention
-from ftexp.engines.megatron.cpu_compat import apply_cpu_patches
-from ftexp.engines.megatron.presets import PRESETS, GPTPreset
 
 if TYPE_CHECKING:
     from ftexp.config import ModeConfig

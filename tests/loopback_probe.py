@@ -2,7 +2,10 @@
 
 import re
 import subprocess
+import sys
+import time
 from pathlib import Path
+from typing import Callable, NamedTuple
 
 LOOPBACK = re.compile(r"^(127\.|\[::ffff:127\.|\[::1\]|::1|\*|0\.0\.0\.0)")
 
@@ -24,6 +27,13 @@ def descendants(root: int) -> set[int]:
     return found
 
 
+def command_line(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def foreign_sockets(pids: set[int]) -> list[str]:
     out = subprocess.run(["ss", "-tanpH"], capture_output=True, text=True, check=True).stdout
     bad = []
@@ -37,3 +47,27 @@ def foreign_sockets(pids: set[int]) -> list[str]:
         elif not LOOPBACK.match(local) or not LOOPBACK.match(peer):
             bad.append(line)
     return bad
+
+
+class WatchedRun(NamedTuple):
+    result: subprocess.CompletedProcess
+    sockets_seen: int  # sightings of sockets held by the tree's processes that ``counted`` picked
+    foreign: list[str]  # every socket line of the tree seen off loopback
+
+
+def run_watching_sockets(argv: list[str], cwd: Path, output: Path, interval_s: float = 0.3,
+                         counted: Callable[[int], bool] = lambda pid: True) -> WatchedRun:
+    """``python -m ftexp *argv`` in ``cwd`` (stdout and stderr into ``output``), its process tree's sockets
+    listed every ``interval_s`` while it runs."""
+    with open(output, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "ftexp", *argv], cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
+        seen, bad = 0, []
+        while proc.poll() is None:
+            pids = descendants(proc.pid)
+            picked = {pid for pid in pids if counted(pid)}
+            listing = subprocess.run(["ss", "-tanpH"], capture_output=True, text=True).stdout
+            seen += sum(1 for line in listing.splitlines() if {int(p) for p in re.findall(r"pid=(\d+)", line)} & picked)
+            bad += foreign_sockets(pids)
+            time.sleep(interval_s)
+    result = subprocess.CompletedProcess(proc.args, proc.returncode, output.read_text(), "")
+    return WatchedRun(result, seen, sorted(set(bad)))

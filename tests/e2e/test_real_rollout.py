@@ -8,11 +8,7 @@ baseline's rollouts after the heal, through the match guard. Negative controls p
 weight-sync path can have and must turn the verdict red, naming the check.
 """
 
-import re
 import shutil
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -23,7 +19,7 @@ from ftexp.engines.megatron.hf_export import to_hf
 from ftexp.rollout.client import SamplingParams
 from ftexp.rollout.live import sampling_seed
 from ftexp.rollout.server import CpuEngine, ServerConfig
-from loopback_probe import descendants, foreign_sockets
+from loopback_probe import command_line, run_watching_sockets
 from ftexp_runner import assert_passed, report_checks, run_ftexp, run_named
 
 pytestmark = pytest.mark.e2e
@@ -53,30 +49,13 @@ def _dumped_weights(leaf: Path) -> dict[str, torch.Tensor]:
 def _run_on_loopback(root: Path, name: str, *overrides: str) -> Path:
     """A run whose sockets are watched while it lives (router and engines included): all on 127.0.0.0/8."""
     run_dir = root / name
-    with open(root / f"{name}.out", "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "ftexp", *overrides, f"hydra.run.dir={run_dir}"], cwd=root,
-                                stdout=out, stderr=subprocess.STDOUT)
-        router_sockets, bad = 0, []
-        while proc.poll() is None:
-            pids = descendants(proc.pid)
-            # The router renames itself (its command line reads "sglang::router" once it runs).
-            routers = {p for p in pids if b"sglang" in _cmdline(p)}
-            listing = subprocess.run(["ss", "-tanpH"], capture_output=True, text=True).stdout
-            router_sockets += sum(1 for line in listing.splitlines()
-                                  if {int(p) for p in re.findall(r"pid=(\d+)", line)} & routers)
-            bad += foreign_sockets(pids)
-            time.sleep(0.5)
-    assert proc.returncode == 0, (root / f"{name}.out").read_text()[-3000:]
-    assert router_sockets > 0, "the probe saw no socket of the sglang router"
-    assert not bad, "\n".join(sorted(set(bad))[:20])
+    # The router renames itself (its command line reads "sglang::router" once it runs).
+    watched = run_watching_sockets([*overrides, f"hydra.run.dir={run_dir}"], root, root / f"{name}.out",
+                                   interval_s=0.5, counted=lambda pid: b"sglang" in command_line(pid))
+    assert watched.result.returncode == 0, watched.result.stdout[-3000:]
+    assert watched.sockets_seen > 0, "the probe saw no socket of the sglang router"
+    assert not watched.foreign, "\n".join(watched.foreign[:20])
     return run_dir
-
-
-def _cmdline(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return b""
 
 
 def test_no_failure_trains_on_policy_on_loopback(runs):

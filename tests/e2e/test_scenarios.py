@@ -2,7 +2,8 @@
 
 Each scenario runs once per mode; the negative controls then edit a copy of a finished run and
 re-run ``stage=compare``, or re-run training with a deliberate healing or retry bug, and must turn
-the verdict red with a message naming the cause.
+the verdict red with a message naming the cause. The with_failure run on dp2 trains under a
+socket probe: every socket of its processes (Ray, gloo, the TCPStore, submitit) stays on 127.0.0.1.
 """
 
 import json
@@ -14,6 +15,7 @@ import pytest
 import torch
 
 from ftexp_runner import run_ftexp, run_ftexp_forked
+from loopback_probe import WatchedRun, run_watching_sockets
 
 pytestmark = pytest.mark.e2e
 
@@ -45,6 +47,8 @@ def runs(tmp_path_factory):
 SCENARIOS = [("no_failure", "dp2"), ("with_failure", "dp2"), ("with_failure_cell0", "dp4"), ("deterministic", "dp4")]
 # dp4's two heals take warm spares (the second one the replacement of the first); dp2's heal starts new ranks.
 SPARE_CELLS = {("with_failure_cell0", "dp4"): 1}
+# The run whose every socket (Ray, gloo, the TCPStore, submitit, the heal's transfer) is watched while it trains.
+WATCHED = ("with_failure", "dp2")
 
 
 def _shrink(rollout_id: int, alive: list[int]) -> dict:
@@ -71,6 +75,7 @@ CELL_DUMPS = {
     "deterministic": {1: [3, 4], 2: [3, 4], 3: [3, 4]},
 }
 _passed: dict[tuple[str, str], Path] = {}
+_watched: dict[tuple[str, str], WatchedRun] = {}
 
 
 def _passing_run(runs: Path, scenario: str, mode: str) -> Path:
@@ -81,8 +86,13 @@ def _passing_run(runs: Path, scenario: str, mode: str) -> Path:
     """
     key = (scenario, mode)
     if key not in _passed:
-        run_dir, result = _run(runs, f"{scenario}_{mode}", f"mode={mode}", f"scenario={scenario}",
-                               f"trainer.spare_cells={SPARE_CELLS.get(key, 0)}")
+        name = f"{scenario}_{mode}"
+        overrides = (f"mode={mode}", f"scenario={scenario}", f"trainer.spare_cells={SPARE_CELLS.get(key, 0)}")
+        if key == WATCHED:
+            _watched[key] = run_watching_sockets([*overrides, f"hydra.run.dir={runs / name}"], runs, runs / f"{name}.out")
+            run_dir, result = runs / name, _watched[key].result
+        else:
+            run_dir, result = _run(runs, name, *overrides)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
         _passed[key] = run_dir
     return _passed[key]
@@ -115,6 +125,13 @@ def test_scenario_passes(runs, scenario, mode):
         # Each side resumed from phase_a's checkpoint with its history and witness counter, on its own.
         for side in ("baseline", "target"):
             assert _check(report, f"phase_b/{side}_resume")["passed"]
+
+
+def test_a_failure_run_uses_only_loopback(runs):
+    _passing_run(runs, *WATCHED)
+    watched = _watched[WATCHED]
+    assert watched.sockets_seen > 0, "the probe saw no socket of the run at all"
+    assert not watched.foreign, "\n".join(watched.foreign[:20])
 
 
 def _copy_of(runs: Path, key: tuple[str, str], tmp_path: Path) -> Path:

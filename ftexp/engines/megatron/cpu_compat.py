@@ -21,10 +21,10 @@ features used here (local layer specs, fp32, no fusions), so a thin layer of pat
   (`_gather_unevenly`, `_reduce_scatter_unevenly`). The zeros add nothing to a sum and are never
   read, so the result is the uneven collective's.
 
-Apart from CUDA, one start-up cost: megatron-core wraps its fused kernels in `torch.compile` as its
-modules load, and the first wrap imports torch's compiler (inductor: ~1.2 CPU-s in every rank
-process). The local layer specs never call those kernels, so `fusions_uncompiled` loads
-megatron-core with them left as plain functions.
+Apart from CUDA, two start-up costs: as its modules load, megatron-core wraps its fused kernels in
+`torch.compile`, whose first wrap imports torch's compiler (inductor, ~1.2 CPU-s), and imports wandb
+for its inference engine's logging (~0.35 CPU-s): in every rank process, for features the CPU engine
+never uses. `lean_import` loads megatron-core without both.
 
 Everything is keyed to the pinned release; another version raises instead of half-working.
 """
@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import sys
 import types
 
 import torch
@@ -157,20 +158,27 @@ def _cpu_type_names(code: types.CodeType) -> types.CodeType:
 
 
 @contextlib.contextmanager
-def fusions_uncompiled():
-    """Import megatron-core inside this block: its fused kernels stay plain functions, not `torch.compile` wraps.
+def lean_import():
+    """Import megatron-core inside this block: its fused kernels stay plain functions, and it finds no wandb.
 
-    megatron-core's own switch (`megatron.core.jit.disable_jit_fuser`) lives in the package whose loading
-    wraps the kernels, so it comes too late for them: while the block runs, `torch.compile` hands back
-    the function it is given; afterwards the switch covers the megatron modules that load later.
-    Without the wraps, a kernel that did run would run eagerly, which is what the CPU does anyway.
+    The local layer specs never call the fused kernels; a kernel that did would run eagerly instead
+    of compiled, the same arithmetic. megatron-core's own switch (`megatron.core.jit.disable_jit_fuser`)
+    lives in the package whose loading wraps the kernels, so it comes too late for them: while the
+    block runs, `torch.compile` hands back the function it is given, and afterwards the switch covers
+    the megatron modules that load later. wandb is hidden only while the block runs (megatron-core
+    then logs nothing to it); this process can import it afterwards as usual.
     """
     compile_ = torch.compile
     torch.compile = _leave_uncompiled
+    hide_wandb = "wandb" not in sys.modules
+    if hide_wandb:
+        sys.modules["wandb"] = None  # `import wandb` raises ImportError, which megatron-core expects
     try:
         yield
     finally:
         torch.compile = compile_
+        if hide_wandb:
+            del sys.modules["wandb"]
     from megatron.core import jit
 
     jit.disable_jit_fuser()

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from ftexp.engines.megatron.cpu_compat import apply_cpu_patches, fusions_uncompiled
+from ftexp.engines.megatron.cpu_compat import apply_cpu_patches, lean_import
 from ftexp.engines.megatron.presets import PRESETS, GPTPreset
 
-with fusions_uncompiled():  # the first import of megatron-core in a process (see fusions_uncompiled)
+with lean_import():  # the first import of megatron-core in a process (see lean_import)
     from megatron.core import parallel_state
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
     from megatron.core.models.gpt import GPTModel

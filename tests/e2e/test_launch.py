@@ -1,7 +1,6 @@
 """Launch paths: -m sweeps through the submitit launcher, non-blocking submission + collect, wandb."""
 
 import json
-import os
 import subprocess
 import sys
 

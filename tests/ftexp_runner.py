@@ -1,4 +1,12 @@
-"""Run ``python -m ftexp`` as a user would; tests assert on the exit code, output and run dir."""
+"""Run ``python -m ftexp`` as a user would; tests assert on the exit code, output and run dir.
+
+``run_ftexp`` runs ``ftexp.cli.main`` — what ``python -m ftexp`` runs — in a process of its own, with
+its own cwd, environment, output files and exit code, forked from the test process's preloaded fork
+server (``preloaded_forks``): a fresh interpreter would first spend ~3.5 CPU-s importing the CLI
+(torch, Hydra, Ray, the trainer) on every command line. Every job, rank and engine the run starts is
+a fresh process, as in a user's run. The tests that watch a run's process tree or signal it, and the
+sweeps and the wheel, start ``python -m ftexp`` itself.
+"""
 
 import json
 import os
@@ -12,14 +20,11 @@ from preloaded_forks import forkserver_context
 import ftexp.cli
 
 
-def run_ftexp(*overrides: str, cwd: Path, timeout: float = 900) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ftexp", *overrides], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-
-
-def _cli_main(argv: list[str], cwd: str, stdout: str, stderr: str) -> None:
-    """``python -m ftexp`` with ``argv`` in ``cwd``, its output in the files ``stdout`` and ``stderr``."""
+def _cli_main(argv: list[str], cwd: str, env: dict[str, str], stdout: str, stderr: str) -> None:
+    """``python -m ftexp`` with ``argv`` in ``cwd`` and ``env``, its output in the files ``stdout`` and ``stderr``."""
     os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
     for fd, path in ((1, stdout), (2, stderr)):
         file_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(file_fd, fd)
@@ -30,13 +35,13 @@ def _cli_main(argv: list[str], cwd: str, stdout: str, stderr: str) -> None:
     ftexp.cli.main()  # its SystemExit becomes the process's exit code, as in the interpreter
 
 
-def run_ftexp_forked(*overrides: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
-    """:func:`run_ftexp` for a short command line (bad input, compare only), run in a fork of the test
-    process's preloaded fork server (``preloaded_forks``) instead of a fresh interpreter."""
+def run_ftexp(*overrides: str, cwd: Path, timeout: float = 900) -> subprocess.CompletedProcess:
+    """``python -m ftexp *overrides`` in ``cwd`` with this process's environment; killed after ``timeout`` s."""
     with tempfile.TemporaryDirectory(prefix="ftexp_cli_") as outputs:
         stdout, stderr = Path(outputs, "stdout"), Path(outputs, "stderr")
-        proc = forkserver_context().Process(target=_cli_main, args=(list(overrides), str(cwd), str(stdout),
-                                                                     str(stderr)))
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        proc = forkserver_context().Process(target=_cli_main,
+                                            args=(list(overrides), str(cwd), env, str(stdout), str(stderr)))
         proc.start()
         proc.join(timeout)
         if proc.exitcode is None:

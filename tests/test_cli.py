@@ -1,12 +1,12 @@
 """Bad input gets one clear line on stderr and exit code 2, and nothing is launched.
 
-The table of bad inputs runs each case in a fork of a process that imported the CLI once
-(``ftexp_runner.run_ftexp_forked``); the other tests start ``python -m ftexp`` itself.
+Each command line runs as ``python -m ftexp`` would, in a fork of a process that imported the CLI
+once (``ftexp_runner.run_ftexp``).
 """
 
 import pytest
 
-from ftexp_runner import run_ftexp, run_ftexp_forked
+from ftexp_runner import run_ftexp
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -48,7 +48,7 @@ from ftexp_runner import run_ftexp, run_ftexp_forked
      "scenario.phases.1.target_actions"),
 ])
 def test_bad_input_exits_2_with_one_line(tmp_path, overrides, message):
-    result = run_ftexp_forked(*overrides, f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
+    result = run_ftexp(*overrides, f"hydra.run.dir={tmp_path}/run", cwd=tmp_path)
     assert result.returncode == 2, result.stderr
     lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1, result.stderr

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ftexp_runner import run_ftexp, run_ftexp_forked
+from ftexp_runner import run_ftexp
 from loopback_probe import WatchedRun, run_watching_sockets
 
 pytestmark = pytest.mark.e2e
@@ -141,7 +141,7 @@ def _copy_of(runs: Path, key: tuple[str, str], tmp_path: Path) -> Path:
 
 
 def _compare(run_dir: Path, scenario: str, mode: str):
-    return run_ftexp_forked(f"mode={mode}", f"scenario={scenario}", "stage=compare", f"run_dir={run_dir}",
+    return run_ftexp(f"mode={mode}", f"scenario={scenario}", "stage=compare", f"run_dir={run_dir}",
                             cwd=run_dir.parent)
 
 
@@ -211,7 +211,7 @@ def test_scale_error_fails_the_seed_rules_naming_tensor_and_rule(runs, tmp_path)
     dump = torch.load(path, weights_only=True)
     dump["value"] = dump["value"] * 0.97
     torch.save(dump, path)
-    result = run_ftexp_forked("mode=dp2", "scenario=with_failure", "stage=compare", f"run_dir={run_dir}",
+    result = run_ftexp("mode=dp2", "scenario=with_failure", "stage=compare", f"run_dir={run_dir}",
                               "threshold.fp32_dumps=[]", cwd=tmp_path)
     assert result.returncode == 1
     failed = _failed_checks(run_dir)
@@ -251,7 +251,7 @@ def test_tensor_inventory_names_a_tensor_renamed_in_the_target_or_lost_from_both
 def test_dead_threshold_rule_is_flagged(runs, tmp_path):
     """A typo'd pattern judges nothing; the dumps check fails naming the rule although every tensor passed."""
     run_dir = _copy_of(runs, ("no_failure", "dp2"), tmp_path)
-    result = run_ftexp_forked("mode=dp2", "scenario=no_failure", "stage=compare", f"run_dir={run_dir}",
+    result = run_ftexp("mode=dp2", "scenario=no_failure", "stage=compare", f"run_dir={run_dir}",
                               "threshold.dumps=[['grad__.*[.]atn[.].*','rel <= 0'],['.*','rel <= 0.0085 and norm_ratio <= 0.015']]",
                               cwd=tmp_path)
     assert result.returncode == 1
@@ -295,7 +295,7 @@ def test_last_bit_flip_fails_deterministic(runs, tmp_path):
 def test_with_the_audit_off_the_report_names_the_checks_it_did_not_run(runs, tmp_path):
     """``trainer.audit=false`` still compares dumps and metrics, and never passes the audit rules silently."""
     run_dir = _copy_of(runs, ("with_failure", "dp2"), tmp_path)
-    result = run_ftexp_forked("mode=dp2", "scenario=with_failure", "stage=compare", f"run_dir={run_dir}",
+    result = run_ftexp("mode=dp2", "scenario=with_failure", "stage=compare", f"run_dir={run_dir}",
                               "trainer.audit=false", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     report = _report(run_dir)
@@ -307,7 +307,7 @@ def test_with_the_audit_off_the_report_names_the_checks_it_did_not_run(runs, tmp
 def test_wrong_threshold_fails(runs, tmp_path):
     """The with_failure run is not bitwise (a degraded quorum reorders sums): a bitwise threshold must fail it."""
     run_dir = _copy_of(runs, ("with_failure", "dp2"), tmp_path)
-    result = run_ftexp_forked("mode=dp2", "scenario=with_failure", "stage=compare", f"run_dir={run_dir}",
+    result = run_ftexp("mode=dp2", "scenario=with_failure", "stage=compare", f"run_dir={run_dir}",
                               "threshold.dumps=[['.*','rel <= 0']]", cwd=tmp_path)
     assert result.returncode == 1
     assert not _check(_report(run_dir), "phase_b/dumps")["passed"]

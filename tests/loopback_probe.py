@@ -34,10 +34,15 @@ def command_line(pid: int) -> bytes:
         return b""
 
 
-def foreign_sockets(pids: set[int]) -> list[str]:
-    out = subprocess.run(["ss", "-tanpH"], capture_output=True, text=True, check=True).stdout
+def socket_listing() -> str:
+    """Every TCP socket of the machine with its owning processes (``ss -tanpH``)."""
+    return subprocess.run(["ss", "-tanpH"], capture_output=True, text=True, check=True).stdout
+
+
+def foreign_sockets(pids: set[int], listing: str | None = None) -> list[str]:
+    """The socket lines of ``pids`` off 127.0.0.0/8 (or listening on every interface), in ``listing`` or a fresh one."""
     bad = []
-    for line in out.splitlines():
+    for line in (listing if listing is not None else socket_listing()).splitlines():
         owners = {int(p) for p in re.findall(r"pid=(\d+)", line)}
         if not owners & pids:
             continue
@@ -65,9 +70,9 @@ def run_watching_sockets(argv: list[str], cwd: Path, output: Path, interval_s: f
         while proc.poll() is None:
             pids = descendants(proc.pid)
             picked = {pid for pid in pids if counted(pid)}
-            listing = subprocess.run(["ss", "-tanpH"], capture_output=True, text=True).stdout
+            listing = socket_listing()
             seen += sum(1 for line in listing.splitlines() if {int(p) for p in re.findall(r"pid=(\d+)", line)} & picked)
-            bad += foreign_sockets(pids)
+            bad += foreign_sockets(pids, listing)
             time.sleep(interval_s)
     result = subprocess.CompletedProcess(proc.args, proc.returncode, output.read_text(), "")
     return WatchedRun(result, seen, sorted(set(bad)))

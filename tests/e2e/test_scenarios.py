@@ -142,7 +142,7 @@ def _copy_of(runs: Path, key: tuple[str, str], tmp_path: Path) -> Path:
 
 def _compare(run_dir: Path, scenario: str, mode: str):
     return run_ftexp(f"mode={mode}", f"scenario={scenario}", "stage=compare", f"run_dir={run_dir}",
-                            cwd=run_dir.parent)
+                     cwd=run_dir.parent)
 
 
 def test_compare_reproduces_verdict_without_training(runs, tmp_path):
@@ -212,7 +212,7 @@ def test_scale_error_fails_the_seed_rules_naming_tensor_and_rule(runs, tmp_path)
     dump["value"] = dump["value"] * 0.97
     torch.save(dump, path)
     result = run_ftexp("mode=dp2", "scenario=with_failure", "stage=compare", f"run_dir={run_dir}",
-                              "threshold.fp32_dumps=[]", cwd=tmp_path)
+                       "threshold.fp32_dumps=[]", cwd=tmp_path)
     assert result.returncode == 1
     failed = _failed_checks(run_dir)
     assert "phase_b/dumps" in failed and not any(name.startswith("phase_b/metrics") for name in failed)
@@ -252,7 +252,7 @@ def test_dead_threshold_rule_is_flagged(runs, tmp_path):
     """A typo'd pattern judges nothing; the dumps check fails naming the rule although every tensor passed."""
     run_dir = _copy_of(runs, ("no_failure", "dp2"), tmp_path)
     result = run_ftexp("mode=dp2", "scenario=no_failure", "stage=compare", f"run_dir={run_dir}",
-                              "threshold.dumps=[['grad__.*[.]atn[.].*','rel <= 0'],['.*','rel <= 0.0085 and norm_ratio <= 0.015']]",
+                       "threshold.dumps=[['grad__.*[.]atn[.].*','rel <= 0'],['.*','rel <= 0.0085 and norm_ratio <= 0.015']]",
                               cwd=tmp_path)
     assert result.returncode == 1
     failed = _failed_checks(run_dir)
@@ -296,7 +296,7 @@ def test_with_the_audit_off_the_report_names_the_checks_it_did_not_run(runs, tmp
     """``trainer.audit=false`` still compares dumps and metrics, and never passes the audit rules silently."""
     run_dir = _copy_of(runs, ("with_failure", "dp2"), tmp_path)
     result = run_ftexp("mode=dp2", "scenario=with_failure", "stage=compare", f"run_dir={run_dir}",
-                              "trainer.audit=false", cwd=tmp_path)
+                       "trainer.audit=false", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     report = _report(run_dir)
     assert _check(report, "phase_b/dumps")["passed"] and _check(report, "phase_b/metrics[train/]")["passed"]
@@ -308,7 +308,7 @@ def test_wrong_threshold_fails(runs, tmp_path):
     """The with_failure run is not bitwise (a degraded quorum reorders sums): a bitwise threshold must fail it."""
     run_dir = _copy_of(runs, ("with_failure", "dp2"), tmp_path)
     result = run_ftexp("mode=dp2", "scenario=with_failure", "stage=compare", f"run_dir={run_dir}",
-                              "threshold.dumps=[['.*','rel <= 0']]", cwd=tmp_path)
+                       "threshold.dumps=[['.*','rel <= 0']]", cwd=tmp_path)
     assert result.returncode == 1
     assert not _check(_report(run_dir), "phase_b/dumps")["passed"]
 

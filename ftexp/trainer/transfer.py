@@ -19,7 +19,10 @@ and the bytes' time are told apart, on the receiver from its accept.
 Wire format, after connecting: ``header <q n_storages, q len(meta)>`` → ``meta`` (pickled hollow
 state + view metadata) → ``sizes <q × n_storages>`` → every storage's bytes, in order. Both ends move
 the storages with gather writes and scatter reads (``sendmsg``/``recvmsg_into``), so a state of
-hundreds of small storages costs a few system calls, and no copy into one buffer.
+hundreds of small storages costs a few system calls, and no copy into one buffer. The buffers those
+calls take are made before the connection where they can be (the source's encoded state, the
+receiver's own tensors): making a buffer of each of hundreds of storages took as long as moving a
+megabyte through the socket.
 
 Where the bytes land decides the rate: fresh memory faults in every page inside the socket copy, and
 zeroing a fresh 24 MB took as long as moving it. So a healed replica that already has the source's
@@ -84,27 +87,35 @@ def _flatten(state: Any) -> tuple[Any, list[tuple], list[torch.Tensor], list[tor
 
 
 class Encoded(NamedTuple):
-    """A state ready to send: pickled hollow structure + views, and the unique storages as uint8."""
+    """A state ready to send: pickled hollow structure + views, the unique storages as uint8, and the
+    buffers a gather write takes of them."""
     meta: bytes
     storages: list[torch.Tensor]
+    buffers: list[memoryview]
 
 
 class Layout(NamedTuple):
-    """A state's views and storages, what a receiver compares with the sender's to receive in place, and
-    its tensors, which the received state then reuses."""
+    """A state's views and storages, what a receiver compares with the sender's to receive in place, its
+    tensors, which the received state then reuses, and the buffers a scatter read takes of its storages."""
     views: list[tuple]
     storages: list[torch.Tensor]
     tensors: list[torch.Tensor]
+    buffers: list[memoryview]
 
 
 def encode(state: Any) -> Encoded:
     skeleton, views, storages, _ = _flatten(state)
-    return Encoded(pickle.dumps((skeleton, views), protocol=pickle.HIGHEST_PROTOCOL), storages)
+    return Encoded(pickle.dumps((skeleton, views), protocol=pickle.HIGHEST_PROTOCOL), storages, _buffers(storages))
 
 
 def layout(state: Any) -> Layout:
     _, views, storages, tensors = _flatten(state)
-    return Layout(views, storages, tensors)
+    return Layout(views, storages, tensors, _buffers(storages))
+
+
+def _buffers(storages: list[torch.Tensor]) -> list[memoryview]:
+    """The bytes of ``storages`` (uint8 tensors) as buffers a socket call takes; empty storages have none."""
+    return [memoryview(s.numpy()) for s in storages if s.numel()]
 
 
 def decode(meta: bytes, storages: list[torch.Tensor]) -> Any:
@@ -145,13 +156,13 @@ def _landing(n: int) -> torch.Tensor:
     return torch.frombuffer(memory, dtype=torch.uint8)  # the tensor keeps the mapping alive
 
 
-def _move_all(move: Callable[[list[memoryview]], int], buffers: list[torch.Tensor]) -> None:
-    """Run every byte of ``buffers`` (uint8 tensors) through ``move``, a gather send or a scatter receive.
+def _move_all(move: Callable[[list[memoryview]], int], buffers: list[memoryview]) -> None:
+    """Run every byte of ``buffers`` through ``move``, a gather send or a scatter receive.
 
     One system call moves as many storages as the socket takes, in order: hundreds of small storages
     cost a few calls, not one each. ``move`` returns how many bytes it moved; 0 means the peer closed.
     """
-    pending = [memoryview(b.numpy()) for b in buffers if b.numel()]
+    pending = list(buffers)  # trimmed as it goes; the caller's list is kept for the next transfer
     total, done, first = sum(len(v) for v in pending), 0, 0
     while first < len(pending):
         n = move(pending[first:first + _IOV_MAX])
@@ -166,22 +177,22 @@ def _move_all(move: Callable[[list[memoryview]], int], buffers: list[torch.Tenso
                 pending[first], n = pending[first][n:], 0
 
 
-def _recv_into(conn: socket.socket, buffers: list[torch.Tensor]) -> None:
+def _recv_into(conn: socket.socket, buffers: list[memoryview]) -> None:
     _move_all(lambda views: conn.recvmsg_into(views)[0], buffers)
 
 
 def _recv_bytes(conn: socket.socket, n: int) -> bytes:
-    buffer = torch.empty(n, dtype=torch.uint8)
-    _recv_into(conn, [buffer])
-    return buffer.numpy().tobytes()
+    buffer = bytearray(n)
+    _recv_into(conn, [memoryview(buffer)] if n else [])
+    return bytes(buffer)
 
 
 def send_state(conn: socket.socket, encoded: Encoded) -> int:
     """Stream an encoded state over the connected socket ``conn``; return the state's bytes (meta + storages)."""
-    meta, storages = encoded
+    meta, storages, buffers = encoded
     sizes = [s.numel() for s in storages]
     conn.sendall(_HEADER.pack(len(storages), len(meta)) + meta + struct.pack(f"<{len(sizes)}q", *sizes))
-    _move_all(conn.sendmsg, storages)
+    _move_all(conn.sendmsg, buffers)
     return len(meta) + sum(sizes)
 
 
@@ -198,12 +209,13 @@ def recv_state(conn: socket.socket, into: Layout | None = None) -> tuple[Any, in
     skeleton, views = pickle.loads(meta)
     in_place = into is not None and into.views == views and [s.numel() for s in into.storages] == list(sizes)
     if in_place:
-        storages = into.storages
+        storages, buffers = into.storages, into.buffers
     else:
         # Every storage gets memory of its own: a tensor at an offset into a shared buffer is not one
         # every consumer takes (torch's generator state crashes on one).
         storages = [torch.empty(n, dtype=torch.uint8) if n < LARGE_BYTES else _landing(n) for n in sizes]
-    _recv_into(conn, storages)
+        buffers = _buffers(storages)
+    _recv_into(conn, buffers)
     state = _fill(skeleton, into.tensors.__getitem__) if in_place else _rebuild(skeleton, views, storages)
     return state, meta_len + sum(sizes)
 

@@ -60,7 +60,7 @@ def test_state_crosses_a_loopback_connection_with_views_and_dedup(tmp_path):
     assert model["w_row"].untyped_storage().data_ptr() == model["w"].untyped_storage().data_ptr()
     assert model["large_tail"].untyped_storage().data_ptr() == model["large"].untyped_storage().data_ptr()
     assert model["large_too"].untyped_storage().data_ptr() != model["large"].untyped_storage().data_ptr()
-    meta, _ = transfer.encode(want)
+    meta = transfer.encode(want).meta
     # w, w_row and w_t share one storage, sent once: 3 bytes + 12 floats + 5 doubles + step + 4 floats + the
     # generator state; large and large_tail too, next to large_too.
     assert sent == (len(meta) + 3 + 12 * 4 + 5 * 8 + 4 + 4 * 4 + want["rng"].numel()
@@ -111,7 +111,7 @@ def test_more_storages_than_one_scatter_call_takes_cross_in_order():
 
 def test_a_source_that_dies_mid_transfer_fails_the_receive_at_once():
     source, receiver = socket.socketpair()
-    meta, storages = transfer.encode(_state())
+    meta, storages, _ = transfer.encode(_state())
     sizes = [s.numel() for s in storages]
     source.sendall(transfer._HEADER.pack(len(storages), len(meta)) + meta)
     source.sendall(b"".join(n.to_bytes(8, "little") for n in sizes) + b"\0" * 100)

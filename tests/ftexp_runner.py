@@ -35,11 +35,13 @@ def _cli_main(argv: list[str], cwd: str, env: dict[str, str], stdout: str, stder
     ftexp.cli.main()  # its SystemExit becomes the process's exit code, as in the interpreter
 
 
-def run_ftexp(*overrides: str, cwd: Path, timeout: float = 900) -> subprocess.CompletedProcess:
-    """``python -m ftexp *overrides`` in ``cwd`` with this process's environment; killed after ``timeout`` s."""
+def run_ftexp(*overrides: str, cwd: Path, timeout: float = 900, env: dict[str, str] | None = None
+              ) -> subprocess.CompletedProcess:
+    """``python -m ftexp *overrides`` in ``cwd`` with this process's environment updated by ``env``; killed
+    after ``timeout`` s."""
     with tempfile.TemporaryDirectory(prefix="ftexp_cli_") as outputs:
         stdout, stderr = Path(outputs, "stdout"), Path(outputs, "stderr")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         proc = forkserver_context().Process(target=_cli_main,
                                             args=(list(overrides), str(cwd), env, str(stdout), str(stderr)))
         proc.start()

@@ -80,6 +80,10 @@ def _compare(run_dir: Path, *extra: str, preexec=None):
 
 
 def _ftexp(*overrides: str, cwd: Path, preexec=None, env=None, timeout: float = 600):
+    """The command line, forked from the preloaded server; with ``preexec`` (which takes effect at an exec),
+    ``python -m ftexp`` itself."""
+    if preexec is None:
+        return run_ftexp(*overrides, cwd=cwd, timeout=timeout, env=env)
     return subprocess.run([sys.executable, "-m", "ftexp", *overrides], cwd=cwd, capture_output=True, text=True,
                           timeout=timeout, preexec_fn=preexec, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
 

@@ -5,9 +5,10 @@ cluster that ``bash scripts/slurm_local.sh start`` brings up on this machine. Wi
 tests skip; with ``FTEXP_REQUIRE_SLURM=1`` (CI, which starts that cluster) they fail instead.
 
 The runs nest jobs: a ``launcher.wait=false`` run and each ``-m`` sweep point is a job that waits
-for the per-side training jobs it submits. The local cluster lets several jobs share a core
-(``OverSubscribe=FORCE`` in its partition), so that those waiting jobs never hold every CPU of
-its small node while their side jobs queue behind them.
+for the per-side training jobs it submits, as a command line on the login node does
+(``test_multinode`` runs that command line). The local cluster lets several jobs share a core
+(``OverSubscribe=FORCE`` in its partition), so that those waiting jobs never hold every CPU of its
+small node while their side jobs queue behind them.
 """
 
 import json
@@ -90,14 +91,6 @@ def _assert_trained_through_slurm(run_dir: Path) -> None:
         ids = _job_ids(run_dir / side / "submitit")
         assert len(ids) == 1, f"{side}: one training job expected, got {ids}"
         _assert_completed_in_slurm(ids)
-
-
-def test_run_trains_both_sides_as_slurm_jobs(tmp_path):
-    run_dir = tmp_path / "run"
-    result = run_ftexp("mode=dp2", "scenario=no_failure", *SLURM, f"hydra.run.dir={run_dir}", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert (run_dir / "report.md").read_text().startswith("# ftexp verdict: PASSED")
-    _assert_trained_through_slurm(run_dir)
 
 
 def test_submit_without_waiting_then_collect_on_slurm(tmp_path, request):

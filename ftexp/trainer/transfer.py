@@ -21,8 +21,8 @@ state + view metadata) → ``sizes <q × n_storages>`` → every storage's bytes
 the storages with gather writes and scatter reads (``sendmsg``/``recvmsg_into``), so a state of
 hundreds of small storages costs a few system calls, and no copy into one buffer. The buffers those
 calls take are made before the connection where they can be (the source's encoded state, the
-receiver's own tensors): making a buffer of each of hundreds of storages took as long as moving a
-megabyte through the socket.
+receiver's own tensors): making the buffers of 233 storages took 0.4-0.5 ms, against 0.7 ms for moving
+their 1.2 MB through a loopback socket.
 
 Where the bytes land decides the rate: fresh memory faults in every page inside the socket copy, and
 zeroing a fresh 24 MB took as long as moving it. So a healed replica that already has the source's

@@ -21,12 +21,14 @@ from pathlib import Path
 
 import hydra
 import torch
+from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ftexp import pipeline
-from ftexp.config import ExperimentConfig, Stage, register_configs
+from ftexp.config import (ExperimentConfig, LauncherConfig, ModeConfig, ScenarioConfig, Stage, TaskConfig,
+                          ThresholdConfig, TrackingConfig, TrainerConfig)
 from ftexp.errors import InputError, Interrupted, interrupt_signal, one_line
 from ftexp.tracking.sweep import sweep_exit_code
 from ftexp.validate import validate
@@ -38,6 +40,16 @@ _validated: ExperimentConfig | None = None  # the single run's config, validated
 # (pyproject.toml maps it). Named as a module, not a path relative to this file, so the same
 # name resolves in the wheel and in the editable install (setuptools' editable finder maps it).
 CONFIG_MODULE = "ftexp.conf"
+
+
+def register_configs() -> None:
+    """Register the schema (``ftexp.config``) with Hydra, under the names ``conf/`` composes onto."""
+    cs = ConfigStore.instance()
+    cs.store(name="ftexp_schema", node=ExperimentConfig)
+    for group, node in [("mode", ModeConfig), ("scenario", ScenarioConfig), ("threshold", ThresholdConfig),
+                        ("trainer", TrainerConfig), ("launcher", LauncherConfig), ("tracking", TrackingConfig),
+                        ("task", TaskConfig)]:
+        cs.store(group=group, name=f"{group}_schema", node=node)
 
 
 def _fail_bad_input(message: str) -> None:

@@ -12,11 +12,9 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
-
 from ftexp.errors import InputError
 from ftexp.faults.plan import NegativeControl, TestAction
+from ftexp.missing import MISSING
 
 
 class Stage(enum.Enum):
@@ -372,11 +370,3 @@ class ExperimentConfig:
     # and the recorded rollouts unless trainer.model.seed / trainer.rollout.seed are set.
     seed: int = 1
 
-
-def register_configs() -> None:
-    cs = ConfigStore.instance()
-    cs.store(name="ftexp_schema", node=ExperimentConfig)
-    for group, node in [("mode", ModeConfig), ("scenario", ScenarioConfig), ("threshold", ThresholdConfig),
-                        ("trainer", TrainerConfig), ("launcher", LauncherConfig), ("tracking", TrackingConfig),
-                        ("task", TaskConfig)]:
-        cs.store(group=group, name=f"{group}_schema", node=node)

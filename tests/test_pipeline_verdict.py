@@ -7,8 +7,7 @@ import tempfile
 import pytest
 
 from ftexp import atomic_files, pipeline
-from ftexp.cli import _precompose
-from ftexp.config import register_configs
+from ftexp.cli import _precompose, register_configs
 from ftexp.errors import InputError, Interrupted, RunDirError
 from ftexp.verify.report import CheckResult, Verdict, write_report
 from ftexp.tracking.result import write_result

@@ -57,7 +57,7 @@ def _cfg(*overrides: str):
     from hydra import compose, initialize_config_module
     from omegaconf import OmegaConf
 
-    from ftexp.config import register_configs
+    from ftexp.cli import register_configs
 
     register_configs()
     with initialize_config_module(config_module="ftexp.conf", version_base=None):

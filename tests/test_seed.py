@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_module
 
-from ftexp.cli import CONFIG_MODULE, to_config
-from ftexp.config import register_configs
+from ftexp.cli import CONFIG_MODULE, register_configs, to_config
 from ftexp.engines.torch.model import build_model
 from ftexp.pipeline import prepare
 from ftexp.rundir import rollout_data_dir

@@ -21,9 +21,8 @@ import enum
 from dataclasses import dataclass
 from typing import Optional
 
-from omegaconf import MISSING
-
 from ftexp.errors import InputError
+from ftexp.missing import MISSING
 
 
 class TestActionKind(enum.Enum):

@@ -6,7 +6,8 @@ import pytest
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-from ftexp.config import ExperimentConfig, register_configs
+from ftexp.cli import register_configs
+from ftexp.config import ExperimentConfig
 from ftexp.errors import InputError
 from ftexp.launch import capacity
 

@@ -6,7 +6,8 @@ import pytest
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-from ftexp.config import ExperimentConfig, register_configs
+from ftexp.cli import register_configs
+from ftexp.config import ExperimentConfig
 from ftexp.launch.sides import job_spec
 from ftexp.rundir import BASELINE, TARGET
 from ftexp.validate import validate

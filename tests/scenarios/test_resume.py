@@ -8,8 +8,7 @@ from hydra import compose, initialize_config_module
 
 from ftexp.audit.events import (EventLogger, MetricEvent, ProcessIdentity, TrainResumeEvent, WitnessAllocateIdEvent,
                                 WitnessSnapshotParamEvent)
-from ftexp.cli import CONFIG_MODULE, to_config
-from ftexp.config import register_configs
+from ftexp.cli import CONFIG_MODULE, register_configs, to_config
 from ftexp.rundir import BASELINE, events_snapshot, side_dir
 from ftexp.scenarios.resume import check_resume, resume_checkpoint, saved_rollouts
 

@@ -147,7 +147,7 @@ def test_task_settings_are_validated(tmp_path, overrides, message):
     from hydra import compose, initialize_config_module
 
     from ftexp.cli import CONFIG_MODULE, to_config
-    from ftexp.config import register_configs
+    from ftexp.cli import register_configs
 
     register_configs()
     with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):

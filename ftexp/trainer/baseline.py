@@ -41,9 +41,10 @@ from ftexp.rundir import rollout_path
 from ftexp.trainer.checkpoint import (complete_checkpoint, load_rank_state, resume_event, save_rank_state,
                                       start_event_log)
 from ftexp.trainer.driver import start_local_ray
-from ftexp.trainer.rollout_engines import (EngineAddresses, SideEngines, WeightPush, WeightPusher, publish_engines,
-                                           record_update, wait_for_engines, write_rollout)
+from ftexp.trainer.rollout_engines import (EngineAddresses, SideEngines, publish_engines, record_update,
+                                           wait_for_engines, write_rollout)
 from ftexp.trainer.step import record_metrics, record_sections, record_step_time, train_step
+from ftexp.trainer.weight_push import WeightPush, WeightPusher
 from ftexp.store import LoopbackStore
 
 log = logging.getLogger(__name__)

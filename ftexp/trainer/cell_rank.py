@@ -44,8 +44,8 @@ from ftexp.trainer import transfer
 from ftexp.trainer.cell import IndepDPInfo
 from ftexp.trainer.checkpoint import complete_checkpoint, load_rank_state, save_rank_state
 from ftexp.trainer.nodes import set_off_node_fault
-from ftexp.trainer.rollout_engines import WeightPush, WeightPusher
 from ftexp.trainer.step import SectionTimer, record_metrics, record_sections, train_step
+from ftexp.trainer.weight_push import WeightPush, WeightPusher
 
 log = logging.getLogger(__name__)
 NORMAL, DISCARDED = "normal", "discarded_should_retry"

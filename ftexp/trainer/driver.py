@@ -36,9 +36,10 @@ from ftexp.trainer.group import TrainGroup
 from ftexp.trainer.nodes import CellPlacer, restore_node
 from ftexp.tasks import build_task
 from ftexp.tasks.base import Task
-from ftexp.trainer.rollout_engines import (EngineAddresses, GroupNames, SideEngines, WeightPush, evaluate_task,
-                                           record_update, write_rollout)
+from ftexp.trainer.rollout_engines import (EngineAddresses, GroupNames, SideEngines, evaluate_task, record_update,
+                                           write_rollout)
 from ftexp.trainer.step import record_metrics, record_step_time
+from ftexp.trainer.weight_push import WeightPush
 from ftexp.store import LoopbackStore
 
 log = logging.getLogger(__name__)

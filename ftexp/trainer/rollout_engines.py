@@ -11,10 +11,11 @@ engines and router, owned by the side's parent process (the target's driver, the
 2. ``write_rollout`` (the driver, or the baseline's rank 0): one rollout generated through the router
    from the current weights, written to the side's ``rollout_data/<id>.pt`` that every rank trains
    on — after the match guard, the injected recorded rollout instead.
-3. ``WeightPusher.push`` (every rank of the replica that holds the weights: the target's first alive cell,
-   the baseline's replica 0): the replica's weights in HF layout, broadcast by its first rank to all
-   engines over a weight-update group; a new group whenever the sender changes (a crash or a heal
-   moved the first alive cell). Before the first rollout (the initial sync) and after every commit.
+3. ``WeightPusher.push`` (``ftexp.trainer.weight_push``; every rank of the replica that holds the weights:
+   the target's first alive cell, the baseline's replica 0): the replica's weights in HF layout,
+   broadcast by its first rank to all engines over a weight-update group; a new group whenever the
+   sender changes (a crash or a heal moved the first alive cell). Before the first rollout (the
+   initial sync) and after every commit.
 4. ``record_update``: the engines' weight checksums, one ``InferenceEngineWeightChecksumEvent``, with
    the checksums of what the trainer holds, so an engine left with stale weights shows.
 5. ``evaluate_task`` (with a task): the engines answer the task's eval set greedily; the accuracy
@@ -45,7 +46,6 @@ from torch.distributed import Store
 from ftexp.audit.events import (EnginePlacementEvent, EventLogger, InferenceEngineWeightChecksumEvent,
                                 RolloutInjectedEvent)
 from ftexp.config import RolloutBackend
-from ftexp.engines.base import Replica
 from ftexp.engines.registry import get_engine
 from ftexp.job import JobSpec
 from ftexp.placement import node_resource
@@ -58,17 +58,13 @@ from ftexp.rollout.router import Router
 from ftexp.rollout.server import ServerConfig
 from ftexp.rollout.sglang_launcher import SglangServer, SglangServerSpec
 from ftexp.rollout.tokenizer import write_ascii_tokenizer
-from ftexp.rollout.weight_sync import WeightSender, engine_checksums, tensor_checksums
+from ftexp.rollout.weight_sync import engine_checksums
 from ftexp.rundir import rollout_path
 from ftexp.tasks.base import Task, policy_tokenizer
 from ftexp.trainer.nodes import node_of_this_process
+from ftexp.trainer.weight_push import ENGINE_GROUP_TIMEOUT_S
 
 log = logging.getLogger(__name__)
-# A sender that dies mid-update (its cell crashed) leaves every engine waiting on its weight-update
-# group until the engine's group timeout; the next sender's requests queue behind that wait, so they
-# allow for it on top of forming their own group — else the new sender's cell would be failed for it.
-ENGINE_GROUP_TIMEOUT_S = 60.0
-SENDER_TIMEOUT_S = 3 * ENGINE_GROUP_TIMEOUT_S
 
 
 @dataclass(frozen=True)
@@ -200,17 +196,6 @@ def write_rollout(spec: JobSpec, engines: EngineAddresses, rollout_id: int, even
     save_rollout(batch, rollout_path(spec.data_dir, rollout_id))
 
 
-@dataclass(frozen=True)
-class WeightPush:
-    """One ``update_weights``: which engines form the group under which name, and what is sent."""
-
-    rollout_id: int | None              # None: the initial sync
-    group_name: str                     # a new name forms a new group (the sender or the engines changed)
-    engine_urls: tuple[str, ...]
-    send: bool = True                   # False only under a negative control (the engines keep stale weights)
-    transpose_one: bool = False         # negative control: one square tensor sent transposed
-
-
 class GroupNames:
     """Names the weight-update groups of a side: a new name whenever the sender or the engine set changes.
 
@@ -228,39 +213,6 @@ class GroupNames:
             self.changes += 1
             self.last = (cell_index, incarnation, num_engines)
         return f"{self.side}-{self.changes}-cell{cell_index}-{incarnation}-{num_engines}"
-
-
-class WeightPusher:
-    """The sending end of the weight-update group, kept by the rank that pushes (one group per name)."""
-
-    def __init__(self) -> None:
-        self.sender: WeightSender | None = None
-        self.group_name: str | None = None
-
-    def push(self, replica: Replica, order: WeightPush) -> dict[str, str] | None:
-        """Every rank of the replica calls this (the export is a collective); its first rank sends.
-
-        Returns the checksums of the weights the trainer holds (first rank), None on the others.
-        """
-        named = replica.export_hf()
-        if named is None:
-            return None
-        if order.transpose_one:
-            name = next(n for n, t in sorted(named.items()) if t.dim() == 2 and t.shape[0] == t.shape[1])
-            named = {**named, name: named[name].t().contiguous()}
-        if order.send:
-            if self.group_name != order.group_name:
-                self.close()
-                self.sender = WeightSender(timeout_s=SENDER_TIMEOUT_S)
-                self.sender.connect(list(order.engine_urls), order.group_name)
-                self.group_name = order.group_name
-            self.sender.send(named, weight_version=str(order.rollout_id))
-        return tensor_checksums(named)
-
-    def close(self) -> None:
-        if self.sender is not None:
-            self.sender.close()
-        self.sender, self.group_name = None, None
 
 
 def record_update(events: EventLogger, engines: EngineAddresses, rollout_id: int | None,

@@ -17,6 +17,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -81,8 +82,14 @@ def _sacct_states(job_ids: list[str]) -> dict[str, str]:
     return dict(line.split("|", 1) for line in out.splitlines() if line)
 
 
-def _assert_completed_in_slurm(job_ids: list[str]) -> None:
+def _assert_completed_in_slurm(job_ids: list[str], settle_s: float = 60.0) -> None:
+    """Slurm recorded every job as COMPLETED. A job whose result file is written counts as done for
+    submitit, while Slurm still has it RUNNING until its process exits: such states get ``settle_s``."""
+    deadline = time.monotonic() + settle_s
     states = _sacct_states(job_ids)
+    while any(state in ("RUNNING", "COMPLETING") for state in states.values()) and time.monotonic() < deadline:
+        time.sleep(1.0)
+        states = _sacct_states(job_ids)
     assert states == {job: "COMPLETED" for job in job_ids}, f"sacct: {states}"
 
 

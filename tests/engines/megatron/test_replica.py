@@ -50,7 +50,7 @@ def _worker(rank, out_path, port):
     replica.optimizer_step(0)
     replica.zero_grad()
     healed = MegatronReplica(cfg, mode, seed=2)
-    meta, storages = transfer.encode(replica.state_dict())
+    meta, storages, _ = transfer.encode(replica.state_dict())
     healed.load_state_dict(transfer.decode(meta, [s.clone() for s in storages]))
     out["source_checksums"], out["healed_checksums"] = replica.checksums(), healed.checksums()
     out["fresh_checksums"] = MegatronReplica(cfg, mode, seed=1).checksums()

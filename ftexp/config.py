@@ -369,4 +369,3 @@ class ExperimentConfig:
     # Seeds every rank's RNGs and the soak injector, and (conf/config.yaml) the model's initial weights
     # and the recorded rollouts unless trainer.model.seed / trainer.rollout.seed are set.
     seed: int = 1
-

@@ -13,9 +13,9 @@ import ftexp
 
 ROOT = Path(ftexp.__file__).parent
 # Bottom-up. A component may import only itself and those before it.
-LAYERS = ["errors", "atomic_files", "http_client", "store", "rundir", "control", "faults", "config", "placement", "audit",
-          "verify", "engines", "job", "tasks", "rollout", "trainer", "scenarios", "launch", "tracking", "validate",
-          "pipeline", "cli", "__main__"]
+LAYERS = ["errors", "missing", "atomic_files", "http_client", "store", "rundir", "control", "faults", "config",
+          "placement", "audit", "verify", "engines", "job", "tasks", "rollout", "trainer", "scenarios", "launch",
+          "tracking", "validate", "pipeline", "cli", "__main__"]
 
 
 def _module_name(path: Path) -> str:

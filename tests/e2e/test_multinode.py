@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from loopback_probe import foreign_sockets
+from loopback_probe import foreign_sockets, socket_listing
 from test_slurm import TIMEOUT_MIN, _slurm_unavailable
 
 pytestmark = pytest.mark.e2e
@@ -78,12 +78,12 @@ def run_watched(cwd: Path, *overrides: str, timeout_s: float = 1200) -> tuple[in
     deadline = time.monotonic() + timeout_s
     while proc.poll() is None and time.monotonic() < deadline:
         marked = _marked(mark)
-        out = subprocess.run(["ss", "-tanpH"], capture_output=True, text=True).stdout
+        out = socket_listing()
         for line in out.splitlines():
             owners = {int(p) for p in re.findall(r"pid=(\d+)", line)} & set(marked)
             for pid in owners:
                 seen_nodes[marked[pid]] = seen_nodes.get(marked[pid], 0) + 1
-        bad += foreign_sockets(set(marked))
+        bad += foreign_sockets(set(marked), out)
         time.sleep(0.5)
     if proc.poll() is None:
         proc.kill()

@@ -253,7 +253,7 @@ def test_dead_threshold_rule_is_flagged(runs, tmp_path):
     run_dir = _copy_of(runs, ("no_failure", "dp2"), tmp_path)
     result = run_ftexp("mode=dp2", "scenario=no_failure", "stage=compare", f"run_dir={run_dir}",
                        "threshold.dumps=[['grad__.*[.]atn[.].*','rel <= 0'],['.*','rel <= 0.0085 and norm_ratio <= 0.015']]",
-                              cwd=tmp_path)
+                       cwd=tmp_path)
     assert result.returncode == 1
     failed = _failed_checks(run_dir)
     assert "dumps" in failed and "tensor_inventory" not in failed

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import ray
-from loopback_probe import descendants, foreign_sockets
+from loopback_probe import descendants, foreign_sockets, socket_listing
 from rollout.tiny_model import PROMPT, random_weights
 
 from ftexp.rollout.client import EngineClient, SamplingParams
@@ -85,11 +85,11 @@ def test_a_sender_process_updates_the_actor_engines(engines, router, weight_shap
 def test_router_and_engines_use_only_loopback(engines, router):
     EngineClient(router.url).generate(PROMPT, _sampling(4))  # router <-> engine connections are open
     pids = descendants(router.pid) | set(engines.pids()) | {os.getpid()}
-    out = subprocess.run(["ss", "-tanpH"], capture_output=True, text=True, check=True).stdout
+    out = socket_listing()
     owners = [line for line in out.splitlines() if f"pid={router.pid}," in line]
     assert any("LISTEN" in line for line in owners), "the probe saw no socket of the router"
     assert any(f"pid={pid}," in out for pid in engines.pids()), "the probe saw no socket of an engine"
-    assert foreign_sockets(pids) == []
+    assert foreign_sockets(pids, out) == []
 
 
 def test_simulated_crash_stops_serving_but_not_the_actor(engines):

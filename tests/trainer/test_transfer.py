@@ -67,6 +67,16 @@ def test_state_crosses_a_loopback_connection_with_views_and_dedup(tmp_path):
                     + 2 * 4 * (transfer.LARGE_BYTES // 4 + 3))
 
 
+@pytest.mark.skipif(transfer._largest_receive_buffer() < transfer.RECEIVE_BUFFER_BYTES,
+                    reason="this host caps receive buffers below the heal's")
+def test_a_heal_connection_gets_a_receive_buffer_that_holds_a_small_state_whole():
+    with transfer.listen("127.0.0.1") as server, socket.create_connection(server.getsockname()) as source:
+        conn, _ = server.accept()
+        with conn:
+            # Linux reports twice the size asked for (its bookkeeping share); the default is 128 KiB.
+            assert conn.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) >= transfer.RECEIVE_BUFFER_BYTES
+
+
 def test_the_receiver_tells_the_wait_for_its_source_from_the_bytes(tmp_path):
     """A heal's transfer time starts when the source connects: waiting for a slower peer is not the bytes'."""
     store = LoopbackStore()

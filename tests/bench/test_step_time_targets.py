@@ -13,7 +13,10 @@ def _step(mode: str, run: str, ratio: float) -> dict:
 
 
 def _heal(mode: str, spare_cells: int, fault_to_commit_s: float, vs_loopback: float, connections: int) -> dict:
-    return {"mode": mode, "spare_cells": spare_cells, "verdict": "passed", "fault_to_commit_s": fault_to_commit_s,
+    # The way back, in this plan: detection, the shrunk rollout, then the restarted cell's heal and first commit.
+    return {"mode": mode, "spare_cells": spare_cells, "verdict": "passed", "detection_s": 0.2,
+            "shrink_first_commit_s": fault_to_commit_s / 2 - 0.2, "start_to_commit_s": fault_to_commit_s / 2,
+            "fault_to_commit_s": fault_to_commit_s,
             "transfer_vs_loopback": vs_loopback, "transfer_vs_loopback_same_connections": vs_loopback + 0.1,
             "connections": connections}
 
@@ -22,19 +25,25 @@ def test_each_figure_is_held_to_its_engines_bound():
     rows = target_rows(
         [_step("dp2", "audit off", 1.04), _step("dp2_cp2_tp2_ep2", "audit off", 1.08), _step("dp4", "audit on", 1.26),
          _step("dp2_cp2_tp2_ep2", "audit on", 1.5), _step("dp2", "large, audit on", 1.02)],
-        [_heal("dp2", 1, 2.5, 0.6, 1), _heal("dp2_cp2_tp2_ep2", 1, 4.5, 0.2, 4), _heal("dp2", 0, 9.0, 0.5, 1)])
+        [_heal("dp2", 1, 2.5, 0.6, 1), _heal("dp2_cp2_tp2_ep2", 1, 6.0, 0.2, 4), _heal("dp2", 0, 9.0, 0.5, 1)])
     met = {r["figure"]: (r["target"], r["met"]) for r in rows}
     assert met == {
         "target ÷ baseline step, audit off, dp2": ("≤ 1.05", "yes"),
         "target ÷ baseline step, audit off, dp2_cp2_tp2_ep2": ("≤ 1.1", "yes"),  # megatron's looser bound
         "target ÷ baseline step, audit on, dp4": ("≤ 1.25", "no"),
         "target ÷ baseline step, large, audit on, dp2": ("≤ 1.03", "yes"),
+        "crash → next commit, the shrunk quorum's (s), dp2": ("≤ 2", "yes"),
+        "restart → commit with the cell back (s), one spare, dp2": ("≤ 2", "yes"),
         "crash → commit with the cell back (s), one spare, dp2": ("≤ 2", "no"),
-        "crash → commit with the cell back (s), one spare, dp2_cp2_tp2_ep2": ("≤ 5", "yes"),
+        "crash → next commit, the shrunk quorum's (s), dp2_cp2_tp2_ep2": ("≤ 5", "yes"),
+        "restart → commit with the cell back (s), one spare, dp2_cp2_tp2_ep2": ("≤ 5", "yes"),
+        "crash → commit with the cell back (s), one spare, dp2_cp2_tp2_ep2": ("≤ 5", "no"),  # two rollouts' worth
         "heal transfer ÷ raw loopback copy, dp2, spare_cells=1": ("≥ 0.5", "yes"),
         "heal transfer ÷ raw loopback copy, dp2_cp2_tp2_ep2, spare_cells=1": ("≥ 0.5", "no"),
         "heal transfer ÷ raw loopback copy, dp2, spare_cells=0": ("≥ 0.5", "yes"),  # the bound itself is met
     }  # megatron with its audits on has no bound, and a heal without a spare no crash → commit bound
+    measured = {r["figure"]: r["measured"] for r in rows}
+    assert measured["crash → next commit, the shrunk quorum's (s), dp2_cp2_tp2_ep2"] == 3.0  # detection + the shrunk rollout
     spreads = {r["figure"]: r["spread"] for r in rows}
     assert spreads["heal transfer ÷ raw loopback copy, dp2_cp2_tp2_ep2, spare_cells=1"] == "0.300 on 4 connections"
     assert spreads["heal transfer ÷ raw loopback copy, dp2, spare_cells=1"] is None  # one connection: the plain yardstick
@@ -72,6 +81,8 @@ def test_a_wide_models_heal_is_held_to_the_transfer_bound_only():
     wide = {**_heal("dp2_cp2_tp2_ep2", 1, 7.8, 0.63, 4), "model": "wide_moe_5layer"}
     rows = target_rows([], [_heal("dp2_cp2_tp2_ep2", 1, 4.5, 0.2, 4), wide])
     assert {r["figure"]: r["met"] for r in rows} == {
+        "crash → next commit, the shrunk quorum's (s), dp2_cp2_tp2_ep2": "yes",
+        "restart → commit with the cell back (s), one spare, dp2_cp2_tp2_ep2": "yes",
         "crash → commit with the cell back (s), one spare, dp2_cp2_tp2_ep2": "yes",
         "heal transfer ÷ raw loopback copy, dp2_cp2_tp2_ep2, spare_cells=1": "no",
         "heal transfer ÷ raw loopback copy, dp2_cp2_tp2_ep2 (wide_moe_5layer), spare_cells=1": "yes",

@@ -204,12 +204,14 @@ def send_state(conn: socket.socket, encoded: Encoded) -> int:
     return len(meta) + sum(sizes)
 
 
-def recv_state(conn: socket.socket, into: Layout | None = None) -> tuple[Any, int]:
+def recv_state(conn: socket.socket, into: Layout | None = None,
+               on_last_byte: Callable[[], None] = lambda: None) -> tuple[Any, int]:
     """Receive a state sent by :func:`send_state`; return (state, bytes received).
 
     With ``into``, the layout of the receiver's own state: if it is the sender's, every storage lands
     straight in the receiver's (memory that already holds pages, so no page faults on the way; the
     returned state aliases those tensors). Otherwise, or without ``into``, in fresh memory.
+    ``on_last_byte`` is called once every byte arrived, before the state is rebuilt around them.
     """
     n_storages, meta_len = _HEADER.unpack(_recv_bytes(conn, _HEADER.size))
     meta = _recv_bytes(conn, meta_len)
@@ -224,6 +226,7 @@ def recv_state(conn: socket.socket, into: Layout | None = None) -> tuple[Any, in
         storages = [torch.empty(n, dtype=torch.uint8) if n < LARGE_BYTES else _landing(n) for n in sizes]
         buffers = _buffers(storages)
     _recv_into(conn, buffers)
+    on_last_byte()
     state = _fill(skeleton, into.tensors.__getitem__) if in_place else _rebuild(skeleton, views, storages)
     return state, meta_len + sum(sizes)
 
@@ -286,11 +289,12 @@ class StateReceiver:
                 if self.cancelled:
                     raise ConnectionAbortedError("heal transfer cancelled")
             conn.settimeout(self.timeout_s)
-            received = recv_state(conn, self.into)
-            self.received_at = time.monotonic()
-            return received
+            return recv_state(conn, self.into, on_last_byte=self._arrived)
         finally:
             self.close()
+
+    def _arrived(self) -> None:
+        self.received_at = time.monotonic()
 
     def cancel(self) -> None:
         with self._lock:

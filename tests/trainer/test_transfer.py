@@ -89,6 +89,7 @@ def test_the_receiver_tells_the_wait_for_its_source_from_the_bytes(tmp_path):
     source.join(timeout=60)
     assert source.exitcode == 0
     assert receiver.connected_at - started >= 1.5 and done - receiver.connected_at < 1.5
+    assert receiver.connected_at <= receiver.received_at <= done
 
 
 def _through_a_socket_pair(state, into=None):
@@ -100,6 +101,26 @@ def _through_a_socket_pair(state, into=None):
     received, _ = transfer.recv_state(receiver, transfer.layout(into) if into is not None else None)
     sender.join()
     return received
+
+
+def test_the_last_byte_is_timed_before_the_state_is_rebuilt_around_it(monkeypatch):
+    """Rebuilding the received state is the load's work, not the transfer's."""
+    fill = transfer._fill
+
+    def slow_fill(*args):
+        time.sleep(0.5)
+        return fill(*args)
+
+    monkeypatch.setattr(transfer, "_fill", slow_fill)
+    source, receiver = socket.socketpair()
+    sender = threading.Thread(target=transfer.send_state, args=(source, transfer.encode(_state())), daemon=True)
+    sender.start()
+    arrivals = []
+    state, _ = transfer.recv_state(receiver, on_last_byte=lambda: arrivals.append(time.monotonic()))
+    returned = time.monotonic()
+    sender.join()
+    torch.testing.assert_close(state["model"], _state()["model"])
+    assert len(arrivals) == 1 and returned - arrivals[0] >= 0.5
 
 
 def test_received_state_can_be_sent_on():

@@ -231,9 +231,9 @@ class CellRank:
                 [(state, received)] = box
         except Exception as e:
             return self._quorum_failed(info, e)
-        t2 = time.monotonic()
         # From this rank's configured group to its source's connection; then the bytes, timed where
-        # they arrive (the hand-back from the receiving thread is not the transfer's).
+        # they arrive; then the load, from the last byte (the rebuild of the state around the received
+        # bytes and the hand-back from the receiving thread are the load's, not the transfer's).
         connected, arrived = (receiver.connected_at, receiver.received_at) if recv_src_rank is not None else (t1, t1)
         if recv_src_rank is not None:
             if control == NegativeControl.skip_optimizer_transfer:
@@ -243,7 +243,7 @@ class CellRank:
             if control != NegativeControl.skip_heal_transfer:
                 self.replica.load_state_dict(state)
         return {"ok": True, "configure_s": t1 - t0, "transfer_wait_s": connected - t1, "transfer_s": arrived - connected,
-                "load_s": time.monotonic() - t2, "bytes": received, "last_rollout_id": self.replica.last_rollout_id}
+                "load_s": time.monotonic() - arrived, "bytes": received, "last_rollout_id": self.replica.last_rollout_id}
 
     def reconfigure(self, info: IndepDPInfo, send_to: list[int]) -> dict[str, Any]:
         """Move to a new quorum; as the healing source, send the full state to each new alive rank.

@@ -70,7 +70,7 @@ def test_state_crosses_a_loopback_connection_with_views_and_dedup(tmp_path):
 @pytest.mark.skipif(transfer._largest_receive_buffer() < transfer.RECEIVE_BUFFER_BYTES,
                     reason="this host caps receive buffers below the heal's")
 def test_a_heal_connection_gets_a_receive_buffer_that_holds_a_small_state_whole():
-    with transfer.listen("127.0.0.1") as server, socket.create_connection(server.getsockname()) as source:
+    with transfer.listen("127.0.0.1") as server, socket.create_connection(server.getsockname()):
         conn, _ = server.accept()
         with conn:
             # Linux reports twice the size asked for (its bookkeeping share); the default is 128 KiB.

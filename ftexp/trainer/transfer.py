@@ -28,6 +28,7 @@ Where the bytes land decides the rate: fresh memory faults in every page inside 
 zeroing a fresh 24 MB took as long as moving it. So a healed replica that already has the source's
 layout (same model, its optimizer state made up front) receives straight into its own tensors; any
 other receive lands in fresh memory, large storages on transparent huge pages (one fault per 2 MiB).
+
 The receiver asks for a receive buffer that holds a small state whole. A fresh connection starts with a
 window of about 64 KB that grows only as the receiver reads, so on a busy machine every window's worth
 the source waits until the receiver is scheduled again: 4 heals of 1.2 MB at once, from accept to the last

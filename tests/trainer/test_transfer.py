@@ -60,10 +60,10 @@ def test_state_crosses_a_loopback_connection_with_views_and_dedup(tmp_path):
     assert model["w_row"].untyped_storage().data_ptr() == model["w"].untyped_storage().data_ptr()
     assert model["large_tail"].untyped_storage().data_ptr() == model["large"].untyped_storage().data_ptr()
     assert model["large_too"].untyped_storage().data_ptr() != model["large"].untyped_storage().data_ptr()
-    meta = transfer.encode(want).meta
+    meta_bytes = transfer.encode(want).meta_bytes
     # w, w_row and w_t share one storage, sent once: 3 bytes + 12 floats + 5 doubles + step + 4 floats + the
     # generator state; large and large_tail too, next to large_too.
-    assert sent == (len(meta) + 3 + 12 * 4 + 5 * 8 + 4 + 4 * 4 + want["rng"].numel()
+    assert sent == (meta_bytes + 3 + 12 * 4 + 5 * 8 + 4 + 4 * 4 + want["rng"].numel()
                     + 2 * 4 * (transfer.LARGE_BYTES // 4 + 3))
 
 
@@ -142,9 +142,9 @@ def test_more_storages_than_one_scatter_call_takes_cross_in_order():
 
 def test_a_source_that_dies_mid_transfer_fails_the_receive_at_once():
     source, receiver = socket.socketpair()
-    meta, storages, _ = transfer.encode(_state())
+    views, skeleton, storages, _ = transfer.encode(_state())
     sizes = [s.numel() for s in storages]
-    source.sendall(transfer._HEADER.pack(len(storages), len(meta)) + meta)
+    source.sendall(transfer._HEADER.pack(len(storages), len(views), len(skeleton)) + views + skeleton)
     source.sendall(b"".join(n.to_bytes(8, "little") for n in sizes) + b"\0" * 100)
     source.close()
     started = time.monotonic()
@@ -160,6 +160,31 @@ def test_a_receiver_of_the_same_layout_receives_into_its_own_tensors():
     torch.testing.assert_close(own["model"], _state()["model"])  # the bytes landed in own's tensors
     torch.testing.assert_close(own["optimizer"], _state()["optimizer"])
     assert {name: t.data_ptr() for name, t in state["model"].items()} == pointers
+
+
+def test_a_receiver_of_the_same_layout_unpickles_only_the_skeleton(monkeypatch):
+    """Its own views pickled up front settle the layout by comparing bytes: the sender's views are never unpickled."""
+    own = _zeroed(_state())
+    skeleton = transfer.encode(_state()).skeleton
+    unpickled = []
+    loads = transfer.pickle.loads
+    monkeypatch.setattr(transfer.pickle, "loads", lambda data: unpickled.append(bytes(data)) or loads(data))
+    _through_a_socket_pair(_state(), into=own)
+    torch.testing.assert_close(own["model"], _state()["model"])
+    assert unpickled == [skeleton]
+
+
+def test_a_receiver_whose_views_pickle_otherwise_still_receives_in_place():
+    """Equal views pickled to other bytes (another pickler's choices) are compared as views."""
+    own = _zeroed(_state())
+    into = transfer.layout(own)._replace(pickled_views=b"pickled another way")
+    source, receiver = socket.socketpair()
+    sender = threading.Thread(target=transfer.send_state, args=(source, transfer.encode(_state())), daemon=True)
+    sender.start()
+    state, _ = transfer.recv_state(receiver, into)
+    sender.join()
+    torch.testing.assert_close(own["model"], _state()["model"])
+    assert state["model"]["w"].data_ptr() == own["model"]["w"].data_ptr()
 
 
 def test_a_receiver_of_another_layout_keeps_its_tensors_and_gets_fresh_ones():
@@ -197,7 +222,7 @@ def test_cancel_ends_a_waiting_receive_at_once(stage):
     if stage == "recv":  # a source that sent the header and then hung
         host, port = address.rsplit(":", 1)
         hung = socket.create_connection((host, int(port)))
-        hung.sendall(transfer._HEADER.pack(1, 10))
+        hung.sendall(transfer._HEADER.pack(1, 10, 10))
     time.sleep(0.2)
     started = time.monotonic()
     receiver.cancel()

@@ -27,7 +27,7 @@ from typing import Any, Callable, Hashable, Iterable, TypeVar
 from ftexp.audit.events import (EventTail, InferenceEngineWeightChecksumEvent, TrainAdvantageComputationEvent,
                                 TrainEngineLocalWeightChecksumEvent, TrainGroupStepEndEvent, WitnessAllocateIdEvent,
                                 WitnessSnapshotParamEvent)
-from ftexp.audit.witness import ids_in, in_ranges
+from ftexp.audit.witness import IdRange, count, difference, merged, ranges_of
 
 E = TypeVar("E")
 # How many ids an issue message lists before it only counts the rest.
@@ -130,9 +130,13 @@ def _latest_attempt(events: Iterable[E], key: Callable[[E], Hashable]) -> dict[H
     return {k: [e for e in g if e.attempt == latest[k]] for k, g in groups.items()}
 
 
-def _show(ids: set[int]) -> str:
-    shown = sorted(ids)[:SHOWN_IDS]
-    return f"{len(ids)} ids {shown}" + (" ..." if len(ids) > SHOWN_IDS else "")
+def _show(ranges: list[IdRange]) -> str:
+    """How many ids canonical ``ranges`` hold, and the first few."""
+    shown: list[int] = []
+    for start, stop in ranges:
+        shown += range(start, min(stop, start + SHOWN_IDS - len(shown)))
+    total = count(ranges)
+    return f"{total} ids {shown}" + (" ..." if total > SHOWN_IDS else "")
 
 
 def _zero_advantage_ids(advantage_events: list[TrainAdvantageComputationEvent],
@@ -172,47 +176,55 @@ def witness(events: list[Any]) -> list[AnalyzerIssue]:
     if not allocations:
         return []
     issues: list[AnalyzerIssue] = []
-    allocated = {r: {i for e in evs for i in e.witness_id_to_sample_index} for r, evs in allocations.items()}
+    allocated = {r: ranges_of(i for e in evs for i in e.witness_id_to_sample_index) for r, evs in allocations.items()}
     advantages = _latest_attempt((e for e in events if isinstance(e, TrainAdvantageComputationEvent)),
                                  key=lambda e: e.rollout_id)
-    zero_advantage = {r: _zero_advantage_ids(evs, issues) for r, evs in advantages.items()}
+    zero_advantage = {r: ranges_of(_zero_advantage_ids(evs, issues)) for r, evs in advantages.items()}
     snapshots = _latest_attempt((e for e in events if isinstance(e, WitnessSnapshotParamEvent)),
                                 key=lambda e: (e.rollout_id, e.source.cell_index))
 
-    expected: dict[int, set[int]] = {}
-    excused: dict[int, set[int]] = {}
-    running_expected: set[int] = set()
-    running_excused: set[int] = set()
+    committed, wanted = CommittedIds(), {}
     for r in sorted(allocated.keys() | zero_advantage.keys()):
-        new = allocated.get(r, set())
-        running_expected = running_expected | new
-        running_excused = (running_excused - new) | zero_advantage.get(r, set())
-        expected[r], excused[r] = running_expected, running_excused
+        wanted[r] = committed.add(allocated.get(r, []), zero_advantage.get(r, []))
 
     for step in (e for e in events if isinstance(e, TrainGroupStepEndEvent)):
         r = step.rollout_id
         for cell, outcome in sorted(step.cell_outcomes.items()):
             if outcome == "error" or any(o != "normal" for o in outcome):
                 continue
-            cell_snapshots = snapshots.get((r, cell))
-            issues += _snapshot_issues(r, cell, cell_snapshots, expected.get(r, set()) - excused.get(r, set()))
+            issues += _snapshot_issues(r, cell, snapshots.get((r, cell)), wanted.get(r, []))
     return issues
 
 
+class CommittedIds:
+    """The running ``expected`` and ``excused`` ids of the witness rule, as canonical ranges.
+
+    A long run's expected ids are every sample it committed, tens of thousands after a few hundred
+    rollouts; as ranges they are about one per excused sample or discarded attempt, so a commit costs
+    the same late in a run as early.
+    """
+
+    def __init__(self) -> None:
+        self.expected: list[IdRange] = []
+        self.excused: list[IdRange] = []
+
+    def add(self, new: list[IdRange], zero_advantage: list[IdRange]) -> list[IdRange]:
+        """Take in a rollout's allocation and zero-advantage ids; return the ids every snapshot must show."""
+        self.expected = merged(self.expected + new)
+        self.excused = merged(difference(self.excused, new) + zero_advantage)
+        return difference(self.expected, self.excused)
+
+
 def _snapshot_issues(rollout_id: int, cell: int, snapshots: list[WitnessSnapshotParamEvent] | None,
-                     want_all: set[int]) -> list[AnalyzerIssue]:
+                     want: list[IdRange]) -> list[AnalyzerIssue]:
     """A committed cell's snapshots against the ids its witness rows must show (stale slots aside)."""
     if not snapshots:
         return [AnalyzerIssue("witness", rollout_id, f"cell {cell} committed but logged no witness snapshot")]
     issues = []
     for snap in snapshots:
-        stale = snap.stale_id_ranges
-        # Only the ids on one side alone can break the rule, and they are few: set differences run in
-        # C, while filtering every id through the stale ranges (tens of thousands after a few hundred
-        # rollouts) made the check grow with the run.
-        have_all = ids_in(snap.nonzero_witness_id_ranges)
-        missing = {i for i in want_all - have_all if not in_ranges(i, stale)}
-        extra = {i for i in have_all - want_all if not in_ranges(i, stale)}
+        stale, have = merged(snap.stale_id_ranges), merged(snap.nonzero_witness_id_ranges)
+        missing = difference(difference(want, have), stale)
+        extra = difference(difference(have, want), stale)
         if missing or extra:
             issues.append(AnalyzerIssue(
                 "witness", rollout_id, f"cell {cell} {snap.source.process_name} {snap.instance_id} attempt "
@@ -247,13 +259,12 @@ class IncrementalAnalyzer:
     def __init__(self, events_dir):
         self.tail = EventTail(events_dir)
         self._checksum_refs: dict[tuple[int, int, int], tuple[str, dict[str, Any]]] = {}
-        self._allocated: dict[int, dict[int, set[int]]] = defaultdict(dict)     # rollout -> attempt -> ids
+        self._allocated: dict[int, dict[int, list[IdRange]]] = defaultdict(dict)  # rollout -> attempt -> ids
         self._zero_advantage: dict[int, dict[int, set[int]]] = defaultdict(lambda: defaultdict(set))
         self._snapshots: dict[tuple[int, int], dict[int, list[WitnessSnapshotParamEvent]]] = defaultdict(
             lambda: defaultdict(list))
         self._witness_on = False
-        self._expected: set[int] = set()
-        self._excused: set[int] = set()
+        self._committed = CommittedIds()
 
     def check(self) -> list[AnalyzerIssue]:
         issues: list[AnalyzerIssue] = []
@@ -265,7 +276,7 @@ class IncrementalAnalyzer:
                 issues += engine_checksum_issues(e)
             elif isinstance(e, WitnessAllocateIdEvent):
                 self._witness_on = True
-                self._allocated[e.rollout_id][e.attempt] = set(e.witness_id_to_sample_index)
+                self._allocated[e.rollout_id][e.attempt] = ranges_of(e.witness_id_to_sample_index)
             elif isinstance(e, TrainAdvantageComputationEvent):
                 self._zero_advantage[e.rollout_id][e.attempt] |= _zero_advantage_ids([e], issues)
             elif isinstance(e, WitnessSnapshotParamEvent):
@@ -292,17 +303,14 @@ class IncrementalAnalyzer:
         issues: list[AnalyzerIssue] = []
         if self._witness_on:
             attempts = self._allocated.pop(r, {})
-            new = attempts[max(attempts)] if attempts else set()
             zero_by_attempt = self._zero_advantage.pop(r, {})
-            zero = zero_by_attempt[max(zero_by_attempt)] if zero_by_attempt else set()
-            self._expected |= new
-            self._excused = (self._excused - new) | zero
+            want = self._committed.add(attempts[max(attempts)] if attempts else [],
+                                       ranges_of(zero_by_attempt[max(zero_by_attempt)]) if zero_by_attempt else [])
             for cell, outcome in sorted(step.cell_outcomes.items()):
                 if outcome == "error" or any(o != "normal" for o in outcome):
                     continue
                 by_attempt = self._snapshots.get((r, cell))
-                issues += _snapshot_issues(r, cell, by_attempt[max(by_attempt)] if by_attempt else None,
-                                           self._expected - self._excused)
+                issues += _snapshot_issues(r, cell, by_attempt[max(by_attempt)] if by_attempt else None, want)
         for key in [k for k in self._snapshots if k[0] <= r]:
             del self._snapshots[key]
         for key in [k for k in self._checksum_refs if k[0] < r]:

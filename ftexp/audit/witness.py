@@ -21,7 +21,9 @@ and its old non-zero row could hide a lost sample. The default buffer (1,048,576
 
 Stale slots form one arc of the ring, so they travel as at most two half-open ranges rather than a
 list: at the default buffer size nearly the whole buffer (~1M ids) is stale for the first thousands
-of rollouts.
+of rollouts. The analyzer keeps every id set as ranges too (``merged``, ``difference``): the ids a
+snapshot must show grow with the run (every committed sample so far), while their ranges number
+only about one per gap (a zero-advantage sample, a discarded attempt).
 """
 
 from __future__ import annotations
@@ -46,15 +48,56 @@ class WitnessInfo:
     stale_ranges: list[IdRange]     # at most two half-open slot ranges
 
 
-def in_ranges(witness_id: int, ranges: Iterable[IdRange]) -> bool:
-    return any(start <= witness_id < stop for start, stop in ranges)
-
-
 def ids_in(ranges: Iterable[IdRange]) -> set[int]:
     ids: set[int] = set()
     for start, stop in ranges:
         ids.update(range(start, stop))
     return ids
+
+
+def ranges_of(ids: Iterable[int]) -> list[IdRange]:
+    """The canonical ranges (see ``merged``) of exactly ``ids``."""
+    ranges: list[IdRange] = []
+    for i in sorted(set(ids)):
+        if ranges and ranges[-1][1] == i:
+            ranges[-1] = (ranges[-1][0], i + 1)
+        else:
+            ranges.append((i, i + 1))
+    return ranges
+
+
+def merged(ranges: Iterable[IdRange]) -> list[IdRange]:
+    """``ranges`` sorted, empty ones dropped, overlapping or touching ones joined: the canonical form,
+    in which two lists are equal exactly when they hold the same ids."""
+    out: list[IdRange] = []
+    for start, stop in sorted((a, b) for a, b in ranges if a < b):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], stop))
+        else:
+            out.append((start, stop))
+    return out
+
+
+def difference(a: list[IdRange], b: list[IdRange]) -> list[IdRange]:
+    """The ids of ``a`` not in ``b``, both canonical, as canonical ranges; linear in the ranges."""
+    out: list[IdRange] = []
+    j = 0
+    for start, stop in a:
+        while j < len(b) and b[j][1] <= start:  # b's ranges wholly before this one never matter again
+            j += 1
+        k = j
+        while k < len(b) and b[k][0] < stop:
+            if b[k][0] > start:
+                out.append((start, b[k][0]))
+            start = max(start, b[k][1])
+            k += 1
+        if start < stop:
+            out.append((start, stop))
+    return out
+
+
+def count(ranges: Iterable[IdRange]) -> int:
+    return sum(stop - start for start, stop in ranges)
 
 
 class WitnessIdAllocator:

@@ -10,8 +10,12 @@ growing bytes per rollout. Reported, each as the late window over the early one 
 decide it):
 
 * step time (rollout ~190 over rollout ~10 on 200 rollouts, held to <= 1.10);
+* the driver's analyzer, part of the step time (the rules run before every rollout; a check whose
+  cost follows the history shows here first);
 * the driver's RSS;
 * run-dir bytes added per rollout.
+
+The JSON also keeps every rollout's step and analyzer time, to see the curve between the windows.
 
     python bench/long_run.py                         # dp2, 200 rollouts
     python bench/long_run.py --rollouts 60 -- trainer.audit=false
@@ -113,7 +117,9 @@ def main() -> int:
         sampler.stop()
         if proc.returncode != 0:
             raise SystemExit(f"the soak failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
-        steps = {r["step"]: r["step_time_s"] for r in map(json.loads, (run_dir / "target" / "perf.jsonl").read_text().splitlines())}
+        perf = [json.loads(ln) for ln in (run_dir / "target" / "perf.jsonl").read_text().splitlines()]
+        steps = {r["step"]: r["step_time_s"] for r in perf}
+        analyzer = {r["step"]: r["analyzer_s"] for r in perf if "analyzer_s" in r}
         report = json.loads((run_dir / "report.json").read_text())
         injections = next((len(c["details"].get("recoveries", [])) for c in report["checks"] if c["name"] == "injections"), None)
 
@@ -123,12 +129,14 @@ def main() -> int:
     size = {committed: size for committed, _, size in sampler.samples}
     growth = {k: size[k] - size[k - 1] for k in size if k - 1 in size}
     rows = []
-    for figure, series in (("step_time_s", steps), ("driver_rss_mb", rss), ("run_dir_bytes_per_rollout", growth)):
+    for figure, series in (("step_time_s", steps), ("analyzer_s", analyzer), ("driver_rss_mb", rss),
+                           ("run_dir_bytes_per_rollout", growth)):
         a, b = window_median(series, early), window_median(series, late)
         rows.append({"figure": figure, "early": a, "late": b, "ratio": (b / a) if a and b is not None else None})
     result = {"mode": args.mode, "rollouts": args.rollouts, "early_rollout": early, "late_rollout": late,
               "wall_s": round(time.monotonic() - started, 1), "injections": injections, "overrides": args.overrides,
-              "load_average": os.getloadavg(), "rows": rows}
+              "load_average": os.getloadavg(), "rows": rows,
+              "by_rollout": {"step_time_s": steps, "analyzer_s": analyzer}}
 
     lines = [f"# ftexp long-run benchmark ({args.name})", "",
              f"`mode={args.mode} scenario=ft_random scenario.num_steps={args.rollouts}` {' '.join(args.overrides)}: "

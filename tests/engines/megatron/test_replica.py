@@ -2,7 +2,8 @@
 
 The GRPO loss is scaled so that a rollout's gradient does not depend on how its samples are
 split over microbatches or over data-parallel shards (cells), uneven shards included (what 3 cells
-of a 4-cell run train on); the MoE preset's sequence-level aux loss is part of that gradient. State dicts round-trip through the heal codec bit for bit.
+of a 4-cell run train on); the MoE preset's sequence-level aux loss is part of that gradient. State dicts cross the heal's wire
+format bit for bit.
 """
 
 import pytest
@@ -13,6 +14,9 @@ SAMPLES = 16
 
 
 def _worker(rank, out_path, port):
+    import socket
+    import threading
+
     import torch.distributed as dist
 
     from ftexp.config import Engine, MegatronConfig, ModeConfig, ModelConfig, RolloutConfig, TrainerConfig
@@ -50,8 +54,13 @@ def _worker(rank, out_path, port):
     replica.optimizer_step(0)
     replica.zero_grad()
     healed = MegatronReplica(cfg, mode, seed=2)
-    meta, storages, _ = transfer.encode(replica.state_dict())
-    healed.load_state_dict(transfer.decode(meta, [s.clone() for s in storages]))
+    # As a heal moves it: over a socket, into the healed replica's own tensors (both have Adam's state).
+    source, receiver = socket.socketpair()
+    sender = threading.Thread(target=transfer.send_state, args=(source, transfer.encode(replica.state_dict())))
+    sender.start()
+    state, _ = transfer.recv_state(receiver, transfer.layout(healed.state_dict()))
+    sender.join()
+    healed.load_state_dict(state)
     out["source_checksums"], out["healed_checksums"] = replica.checksums(), healed.checksums()
     out["fresh_checksums"] = MegatronReplica(cfg, mode, seed=1).checksums()
     torch.save(out, out_path)

@@ -48,13 +48,6 @@ class WitnessInfo:
     stale_ranges: list[IdRange]     # at most two half-open slot ranges
 
 
-def ids_in(ranges: Iterable[IdRange]) -> set[int]:
-    ids: set[int] = set()
-    for start, stop in ranges:
-        ids.update(range(start, stop))
-    return ids
-
-
 def ranges_of(ids: Iterable[int]) -> list[IdRange]:
     """The canonical ranges (see ``merged``) of exactly ``ids``."""
     ranges: list[IdRange] = []

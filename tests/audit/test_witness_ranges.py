@@ -3,7 +3,11 @@
 import random
 
 from ftexp.audit.analyzer import CommittedIds
-from ftexp.audit.witness import count, difference, ids_in, merged, ranges_of
+from ftexp.audit.witness import count, difference, merged, ranges_of
+
+
+def ids_in(ranges):
+    return {i for start, stop in ranges for i in range(start, stop)}
 
 
 def test_ranges_of_and_merged_give_one_canonical_form_per_set():

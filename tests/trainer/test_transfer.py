@@ -93,12 +93,17 @@ def test_the_receiver_tells_the_wait_for_its_source_from_the_bytes(tmp_path):
 
 
 def _through_a_socket_pair(state, into=None):
+    return _received_into(state, transfer.layout(into) if into is not None else None)
+
+
+def _received_into(state, layout):
+    """``state`` sent over a socket pair and received with ``layout`` (None: into fresh memory)."""
     source, receiver = socket.socketpair()
     for end in (source, receiver):
         end.settimeout(10)  # a transfer that loses or misplaces bytes fails here instead of hanging
     sender = threading.Thread(target=transfer.send_state, args=(source, transfer.encode(state)), daemon=True)
     sender.start()
-    received, _ = transfer.recv_state(receiver, transfer.layout(into) if into is not None else None)
+    received, _ = transfer.recv_state(receiver, layout)
     sender.join()
     return received
 
@@ -177,12 +182,7 @@ def test_a_receiver_of_the_same_layout_unpickles_only_the_skeleton(monkeypatch):
 def test_a_receiver_whose_views_pickle_otherwise_still_receives_in_place():
     """Equal views pickled to other bytes (another pickler's choices) are compared as views."""
     own = _zeroed(_state())
-    into = transfer.layout(own)._replace(pickled_views=b"pickled another way")
-    source, receiver = socket.socketpair()
-    sender = threading.Thread(target=transfer.send_state, args=(source, transfer.encode(_state())), daemon=True)
-    sender.start()
-    state, _ = transfer.recv_state(receiver, into)
-    sender.join()
+    state = _received_into(_state(), transfer.layout(own)._replace(pickled_views=b"pickled another way"))
     torch.testing.assert_close(own["model"], _state()["model"])
     assert state["model"]["w"].data_ptr() == own["model"]["w"].data_ptr()
 

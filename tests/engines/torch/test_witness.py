@@ -8,7 +8,7 @@ import torch
 from ftexp.audit.analyzer import witness as witness_rule
 from ftexp.audit.events import (EventLogger, ProcessIdentity, TrainAdvantageComputationEvent, TrainGroupStepEndEvent,
                                 WitnessSnapshotParamEvent, read_events)
-from ftexp.audit.witness import WitnessIdAllocator, allocation_event, ids_in
+from ftexp.audit.witness import WitnessIdAllocator, allocation_event, merged, ranges_of
 from ftexp.config import ModelConfig, RolloutConfig, TrainerConfig
 from ftexp.engines.grpo import make_train_batch
 from ftexp.engines.torch.loss import grpo_loss
@@ -155,9 +155,9 @@ def test_step_logs_advantages_and_snapshots_and_zeroes_stale_rows(tmp_path):
     def samples(first_id, *, without_zero_advantage=True):  # the ids of one rollout, less its uniform group
         return {(first_id + i) % buffer for i in range(SAMPLES) if not (without_zero_advantage and 8 <= i < 16)}
 
-    assert ids_in(snaps[0].nonzero_witness_id_ranges) == samples(0)
+    assert merged(snaps[0].nonzero_witness_id_ranges) == ranges_of(samples(0))
     # Before rollout 3's zeroing: rollout 0's rows 0..37 were zeroed after rollout 2 and 0..35 retrained.
-    assert ids_in(snaps[6].nonzero_witness_id_ranges) == (samples(0) - set(range(38))) | samples(64) | samples(128) | samples(192)
+    assert merged(snaps[6].nonzero_witness_id_ranges) == ranges_of((samples(0) - set(range(38))) | samples(64) | samples(128) | samples(192))
     for witness in replica.model.witnesses().values():
         state = replica.optimizer.state[witness.weight]
         for t in (witness.weight, state["exp_avg"], state["exp_avg_sq"]):

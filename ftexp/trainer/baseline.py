@@ -106,19 +106,21 @@ def _rank_main(spec: JobSpec, rank: int, world_size: int, store_port: int, witne
             events.log(allocation_event(rollout_id, 0, witness, allocator.counter))
         _, metrics = train_step(replica, rollout, rollout_id, 0, shard_rank=dp_rank, shard_size=dp_size,
                                 witness=witness, events=events, reduce=reduce, on_commit=dump)
-        if engines is not None:  # before the save: the checkpoint's event snapshot holds this update
-            update_weights(rollout_id)
-        if dp_rank == 0 and spec.should_save(rollout_id):
-            save_rank_state(replica, spec.side_dir.ckpt, rollout_id)
-        dist.barrier()  # every rank's checkpoint file is written before rank 0 declares it complete
+        if rank == 0:  # as the target's first cell does inside its train call
+            record_metrics(spec.side_dir, events, rollout_id, 0, metrics)
         record_sections(spec.side_dir, rollout_id, 0, None, rank, {"cpu_s": time.process_time() - cpu_started})
+        dist.barrier()  # every rank committed: the step's end (``record_step_time`` says what both sides time)
         if rank == 0:
             record_step_time(spec.side_dir, rollout_id, time.monotonic() - started)
-            record_metrics(spec.side_dir, events, rollout_id, 0, metrics)
             log.info("baseline rollout %d committed: loss=%.6f", rollout_id, metrics["train/loss"])
-            if spec.should_save(rollout_id):
+        if engines is not None:  # before the save: the checkpoint's event snapshot holds this update
+            update_weights(rollout_id)
+        if spec.should_save(rollout_id):
+            if dp_rank == 0:
+                save_rank_state(replica, spec.side_dir.ckpt, rollout_id)
+            dist.barrier()  # every rank's checkpoint file is written before rank 0 declares it complete
+            if rank == 0:
                 complete_checkpoint(spec.side_dir.ckpt, rollout_id, spec.side_dir.events)
-        dist.barrier()
     if pusher is not None:
         pusher.close()
     dist.destroy_process_group()

@@ -203,6 +203,10 @@ def run_ft_driver(spec: JobSpec) -> None:
             plane = _start_control_plane(spec, group, events)
         if soak is not None:
             watchdog = StepWatchdog(group, soak.step_deadline_s)
+        # The next rollout's train calls may wait in the ranks' queues behind this one's only where nothing has to
+        # run between the two: no analyzer or witness ids (audit), no engines, no soak, no control plane, no planted bug.
+        may_queue = (not spec.trainer.audit and engines is None and soak is None and plane is None
+                     and spec.trainer.negative_control is None)
         for rollout_id in rollouts:
             if soak is not None:
                 time.sleep(soak.simulated_rollout_s)  # "generation": the window in which faults land
@@ -214,7 +218,9 @@ def run_ft_driver(spec: JobSpec) -> None:
             started, cpu_started = time.monotonic(), time.process_time()
             _fail_fast(analyzer)  # on the previous rollout's events
             analyzed = time.monotonic()
-            metrics = group.train(rollout_id)
+            queue_next = (rollout_id + 1 if may_queue and rollout_id + 1 in rollouts and not spec.should_save(rollout_id)
+                          and not spec.plan.group_actions_after(rollout_id) else None)
+            metrics = group.train(rollout_id, queue_next)
             if watchdog is not None:
                 watchdog.progress()
             record_step_time(spec.side_dir, rollout_id, time.monotonic() - started, analyzer_s=analyzed - started,

@@ -14,6 +14,14 @@ One rollout is trained by ``train(rollout_id)``: up to ``max_attempts`` attempts
 3. succeeds when no cell discarded and at least one is normal — an errored cell alongside normal
    ones may have died after the exchange, so the survivors' commit stands.
 
+When nothing has to happen between two rollouts (no audit, no engines, no save, no test action: the
+driver decides), ``train(r, queue_next=r + 1)`` also queues rollout r+1's train calls on every rank
+right behind rollout r's, so the ranks go on without waiting for a round trip through the driver. A
+rank trains a queued call only if its own process committed rollout r; so a queued rollout commits
+only where every member committed r, and no other cell left meanwhile. Otherwise the driver voids the
+queued calls before anything else: it releases their quorum (spent from then on) and collects them,
+and that rollout goes on at its next attempt.
+
 Cells leave from three threads: the training loop (a call on a cell failed), the control plane
 (suspend) and the death watch (a cell's lifeline call failed: its process died, even between
 calls). All three go through one lock and one rule: when a member of the current quorum leaves,
@@ -32,6 +40,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import ray
@@ -49,6 +58,21 @@ _MEMBER_STATES = (CellState.ALLOCATED, CellState.ALIVE)
 
 class RetryableStepError(RuntimeError):
     """This attempt of a rollout did not commit; refresh and try again."""
+
+
+class QueuedCallsVoided(RetryableStepError):
+    """The calls queued for this attempt were voided (a cell left since): try again at once."""
+
+
+@dataclass(frozen=True)
+class QueuedCalls:
+    """An attempt of ``rollout_id``, queued on every rank of quorum ``quorum_id`` behind the previous rollout's."""
+
+    rollout_id: int
+    attempt: int
+    quorum_id: int
+    departures: int  # the group's departure count when they were queued: any cell leaving since voids them
+    refs: dict[int, list[ray.ObjectRef]]
 
 
 class TrainGroup:
@@ -74,6 +98,8 @@ class TrainGroup:
         self._spent_quorum: int | None = None  # a quorum an attempt was discarded on: it must not train again
         self._watch_stop = threading.Event()
         self._watch: threading.Thread | None = None
+        self._queued: QueuedCalls | None = None
+        self._first_attempt: dict[int, int] = {}  # rollout -> its first attempt not spent by voided queued calls
 
     # ---- start-up -----------------------------------------------------------------------------
     def init(self, load_rollout_id: int | None) -> list[dict[str, Any]]:
@@ -271,16 +297,19 @@ class TrainGroup:
         return event
 
     # ---- one rollout --------------------------------------------------------------------------
-    def train(self, rollout_id: int) -> dict[str, float]:
+    def train(self, rollout_id: int, queue_next: int | None = None) -> dict[str, float]:
+        """Train ``rollout_id`` to a commit; with ``queue_next``, queue that rollout's calls behind each attempt
+        (never with witnesses: a queued call carries no witness ids)."""
+        assert queue_next is None or self.witness_allocator is None, "queued train calls carry no witness ids"
         backoff = self.cfg.retry_backoff_s
-        for attempt in range(self.cfg.max_attempts):
+        for attempt in range(self._first_attempt.pop(rollout_id, 0), self.cfg.max_attempts):
             departures = self.departures
             try:
-                return self._attempt(rollout_id, attempt)
+                return self._attempt(rollout_id, attempt, queue_next)
             except (RetryableStepError, AssertionError) as e:
                 if isinstance(e, AssertionError) and not self.alive_indices():
                     raise
-                if self.departures != departures:  # the cause is known: the refresh has a cell to shrink out
+                if self.departures != departures or isinstance(e, QueuedCallsVoided):  # the cause is known
                     log.warning("rollout %d attempt %d did not commit: %s; a cell left, retrying at once",
                                 rollout_id, attempt, e)
                     continue
@@ -297,12 +326,18 @@ class TrainGroup:
         self.events.log(allocation_event(rollout_id, attempt, witness, self.witness_allocator.counter))
         return witness
 
-    def _attempt(self, rollout_id: int, attempt: int) -> dict[str, float]:
+    def _attempt(self, rollout_id: int, attempt: int, queue_next: int | None) -> dict[str, float]:
         witness = self._allocate_witness(rollout_id, attempt)
-        self.refresh(rollout_id)
-        cells = [self.cells[i] for i in self.alive_indices()]
-        refs = {c.index: c.submit("train", rollout_id, attempt, witness) for c in cells}
-        self.waiting_on = {c.index: f"rollout {rollout_id} attempt {attempt}: train" for c in cells}
+        refs = self._take_queued(rollout_id, attempt)
+        if refs is None:
+            self.refresh(rollout_id)
+            cells = [self.cells[i] for i in self.alive_indices()]
+            refs = {c.index: c.submit("train", rollout_id, attempt, witness) for c in cells}
+        if queue_next is not None:
+            next_attempt = self._first_attempt.get(queue_next, 0)
+            self._queued = QueuedCalls(queue_next, next_attempt, self.quorum_id, self.departures, {
+                i: self.cells[i].submit("train", queue_next, next_attempt, None, queued_after=rollout_id) for i in refs})
+        self.waiting_on = {i: f"rollout {rollout_id} attempt {attempt}: train" for i in refs}
         outcomes: dict[int, Any] = {}
         metrics: dict[str, float] | None = None
         for index, results in self._collect_cells(refs).items():
@@ -324,6 +359,36 @@ class TrainGroup:
         with self._lock:
             self.spares.fill()  # replace a spare a heal used, once the group committed again: not during the heal
         return metrics or {}
+
+    def _take_queued(self, rollout_id: int, attempt: int) -> dict[int, list[ray.ObjectRef]] | None:
+        """The calls queued for this attempt if they can still commit; any other queued calls are voided first."""
+        queued, self._queued = self._queued, None
+        if queued is None:
+            return None
+        with self._lock:
+            usable = (queued.rollout_id == rollout_id and queued.attempt == attempt
+                      and queued.quorum_id == self.quorum_id and self._spent_quorum != self.quorum_id
+                      and queued.departures == self.departures and all(self.cells[i].is_alive for i in queued.refs)
+                      and not any(c.state in (CellState.PENDING, CellState.ALLOCATED) for c in self.cells))
+        if usable:
+            return queued.refs
+        self._void(queued)
+        if queued.rollout_id == rollout_id:  # this very attempt was the voided one
+            raise QueuedCallsVoided(f"the calls queued for rollout {rollout_id} attempt {attempt} were voided")
+        self._first_attempt[queued.rollout_id] = queued.attempt + 1  # that attempt is spent
+        return None
+
+    def _void(self, queued: QueuedCalls) -> None:
+        """Release queued calls from their quorum, which is spent from then on, and wait until every one returned."""
+        log.info("voiding the train calls queued for rollout %d attempt %d (quorum %d)", queued.rollout_id,
+                 queued.attempt, queued.quorum_id)
+        with self._lock:
+            if queued.quorum_id == self.quorum_id:
+                self._spent_quorum = queued.quorum_id
+            for i in queued.refs:
+                if self.cells[i].state in _MEMBER_STATES:
+                    self.cells[i].submit("release_collectives", queued.quorum_id)
+        self._collect_cells(queued.refs)
 
     def _collect_cells(self, refs: dict[int, list[ray.ObjectRef]]) -> dict[int, list[Any] | Exception]:
         """Every cell's per-rank results, or the exception that failed it (the cell is then stopped).

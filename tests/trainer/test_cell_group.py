@@ -11,7 +11,8 @@ import time
 import pytest
 import ray
 
-from ftexp.audit.events import CellLifecycleEvent, CellReconfigureEvent, EventLogger, ProcessIdentity, read_events
+from ftexp.audit.events import (CellLifecycleEvent, CellReconfigureEvent, EventLogger, ProcessIdentity,
+                                TrainGroupStepEndEvent, read_events)
 from ftexp.config import TrainerConfig
 from ftexp.trainer.cell import Cell, CellState
 from ftexp.trainer.driver import start_local_ray
@@ -26,6 +27,7 @@ class ScriptedRank:
         # reduce fails)
         self.cell_index, self.calls, self.train_behaviour = cell_index, [], train
         self.released = threading.Event()
+        self.committed = None  # the rollout of the last "normal" answer
 
     def ping(self):
         return True
@@ -43,7 +45,11 @@ class ScriptedRank:
         self.calls.append(("reconfigure", info.quorum_id, list(send_to)))
         return {"ok": True, "configure_s": 0.0, "transfer_wait_s": 0.0, "load_s": 0.0, "bytes": 100 * len(send_to)}
 
-    def train(self, rollout_id, attempt, witness):
+    def train(self, rollout_id, attempt, witness, queued_after=None):
+        if queued_after is not None:  # as CellRank: a call queued behind a rollout this rank did not commit is void
+            self.calls.append(("queued", rollout_id, attempt, queued_after))
+            if self.committed != queued_after:
+                return "discarded_should_retry", None
         if self.train_behaviour == "fail":
             raise RuntimeError("scripted death mid-step")
         if self.train_behaviour == "collective" and attempt == 0:
@@ -53,6 +59,7 @@ class ScriptedRank:
         self.calls.append(("train", rollout_id, attempt))
         if self.train_behaviour == "discard_once" and len([c for c in self.calls if c[0] == "train"]) == 1:
             return "discarded_should_retry", None
+        self.committed = rollout_id
         return "normal", {"train/loss": 0.0}
 
     @ray.method(concurrency_group="heartbeat")
@@ -211,7 +218,7 @@ def test_a_dead_cell_releases_its_peers_from_the_collective_at_once(tmp_path):
     group.init(load_rollout_id=None)
     started = time.monotonic()
     with pytest.raises(RetryableStepError):
-        group._attempt(0, 0)
+        group._attempt(0, 0, None)
     assert time.monotonic() - started < 5  # the scripted collective would wait 60 s
     for survivor in (0, 1):
         assert ray.get(group.cells[survivor].actors[0].get_calls.remote())[-2:] == [("release", 0), ("released", 0)]
@@ -331,3 +338,51 @@ def test_without_spares_a_restarted_cell_starts_new_ranks(tmp_path):
     group.start_cell(1, by="test")
     heal = group.refresh(1)
     assert made == [(0, 1), (1, 1), (1, 2)] and (heal.healed_cell_indices, heal.spare_cell_indices) == ([1], [])
+
+
+def _commits(tmp_path):
+    """(rollout, attempt) of every committed step, in order."""
+    return [(e.rollout_id, e.attempt) for e in read_events(tmp_path / "events") if isinstance(e, TrainGroupStepEndEvent)]
+
+
+def test_queued_train_calls_run_behind_the_current_rollout(tmp_path):
+    """``queue_next``: the next rollout's calls are on the ranks before the driver collects this one's, and are
+    the ones that train it (no second submission, no reconfigure)."""
+    group = _group(tmp_path, n=2)
+    group.train(0, queue_next=1)
+    group.train(1, queue_next=2)
+    group.train(2)
+    for cell in group.cells:
+        assert ray.get(cell.actors[0].get_calls.remote()) == [
+            ("init", 0, None), ("train", 0, 0), ("queued", 1, 0, 0), ("train", 1, 0), ("queued", 2, 0, 1),
+            ("train", 2, 0)]
+    assert _commits(tmp_path) == [(0, 0), (1, 0), (2, 0)] and not _reconfigures(tmp_path)
+
+
+def test_a_rollout_that_did_not_commit_voids_the_calls_queued_behind_it(tmp_path):
+    """Cell 1 discards rollout 0: its queued rollout-1 call trains nothing, the driver releases and collects the
+    queued calls before the retry, and rollout 1 trains at attempt 1 (its attempt 0 was the voided calls')."""
+    group = _group(tmp_path, n=2, behaviour={1: "discard_once"})
+    group.train(0, queue_next=1)
+    group.train(1)
+    calls = ray.get(group.cells[1].actors[0].get_calls.remote())
+    # A release runs on the heartbeat group's thread: where it lands among the training calls is not fixed.
+    assert ("release", 0) in calls and [c for c in calls if c[0] != "release"] == [
+        ("init", 0, None), ("train", 0, 0), ("queued", 1, 0, 0), ("reconfigure", 1, []), ("train", 0, 1),
+        ("queued", 1, 1, 0), ("train", 1, 1)]
+    assert _commits(tmp_path) == [(0, 1), (1, 1)] and _reconfigures(tmp_path) == [(1, [], [0, 1])]
+
+
+def test_a_cell_lost_while_calls_are_queued_voids_them_and_the_retry_shrinks_at_once(tmp_path):
+    group = _group(tmp_path, n=2, retry_backoff_s=60.0)
+    group.train(0, queue_next=1)
+    group.cells[1].actors[0].exit.remote()  # dies with the rollout-1 call queued on it
+    while group.cells[1].state != CellState.STOPPED:
+        time.sleep(0.01)
+    started = time.monotonic()
+    group.train(1)
+    assert time.monotonic() - started < 30  # the cause is known: no 60 s back-off
+    assert _commits(tmp_path) == [(0, 0), (1, 1)] and _reconfigures(tmp_path) == [(1, [], [0])]
+    calls = ray.get(group.cells[0].actors[0].get_calls.remote())
+    assert ("release", 0) in calls and [c for c in calls if c[0] != "release"][-2:] == [("reconfigure", 1, []),
+                                                                                         ("train", 1, 1)]

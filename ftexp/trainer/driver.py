@@ -161,6 +161,18 @@ def _fail_fast(analyzer: IncrementalAnalyzer | None) -> None:
         raise EventAnalysisError(issues)
 
 
+def next_to_queue(spec: JobSpec, rollout_id: int) -> int | None:
+    """The rollout whose train calls may wait in the ranks' queues behind ``rollout_id``'s: the next one, where
+    nothing has to run between the two — no analyzer or witness ids (audit), no rollout engines, no soak or
+    control plane, no planted bug, no save and no test action after ``rollout_id``."""
+    if (spec.trainer.audit or spec.live_rollout or spec.soak is not None
+            or (spec.control is not None and spec.control.enabled) or spec.trainer.negative_control is not None
+            or rollout_id + 1 not in spec.rollout_ids() or spec.should_save(rollout_id)
+            or spec.plan.group_actions_after(rollout_id)):
+        return None
+    return rollout_id + 1
+
+
 def run_ft_driver(spec: JobSpec) -> None:
     witness_counter = start_event_log(spec)
     events = EventLogger(spec.side_dir.events, ProcessIdentity(component="main"))
@@ -203,10 +215,6 @@ def run_ft_driver(spec: JobSpec) -> None:
             plane = _start_control_plane(spec, group, events)
         if soak is not None:
             watchdog = StepWatchdog(group, soak.step_deadline_s)
-        # The next rollout's train calls may wait in the ranks' queues behind this one's only where nothing has to
-        # run between the two: no analyzer or witness ids (audit), no engines, no soak, no control plane, no planted bug.
-        may_queue = (not spec.trainer.audit and engines is None and soak is None and plane is None
-                     and spec.trainer.negative_control is None)
         for rollout_id in rollouts:
             if soak is not None:
                 time.sleep(soak.simulated_rollout_s)  # "generation": the window in which faults land
@@ -218,9 +226,7 @@ def run_ft_driver(spec: JobSpec) -> None:
             started, cpu_started = time.monotonic(), time.process_time()
             _fail_fast(analyzer)  # on the previous rollout's events
             analyzed = time.monotonic()
-            queue_next = (rollout_id + 1 if may_queue and rollout_id + 1 in rollouts and not spec.should_save(rollout_id)
-                          and not spec.plan.group_actions_after(rollout_id) else None)
-            metrics = group.train(rollout_id, queue_next)
+            metrics = group.train(rollout_id, queue_next=next_to_queue(spec, rollout_id))
             if watchdog is not None:
                 watchdog.progress()
             record_step_time(spec.side_dir, rollout_id, time.monotonic() - started, analyzer_s=analyzed - started,

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from ftexp.audit.events import FaultInjectedEvent, TrainGroupStepEndEvent, read_events
 from ftexp_runner import run_ftexp
 from loopback_probe import WatchedRun, run_watching_sockets
 
@@ -302,6 +303,20 @@ def test_with_the_audit_off_the_report_names_the_checks_it_did_not_run(runs, tmp
     assert _check(report, "phase_b/dumps")["passed"] and _check(report, "phase_b/metrics[train/]")["passed"]
     for name in ("phase_b/target_event_analyzer", "phase_b/cell_dumps"):
         assert _check(report, name)["summary"].startswith("NOT RUN: trainer.audit=false"), name
+
+
+def test_with_the_audit_off_queued_train_calls_keep_the_crash_and_heal_matching(tmp_path):
+    """Audit off, the driver queues each rollout's train calls behind the previous one's (rollout 2's attempt 0,
+    which loses the crashed cell, among them): the shrink, the heal and the comparison come out as with it on."""
+    run_dir, result = _run(tmp_path, "audit_off", "mode=dp2", "scenario=with_failure", "trainer.audit=false")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = _report(run_dir)
+    assert report["passed"] and _check(report, "phase_b/dumps")["passed"]
+    assert _check(report, "phase_b/target_reconfigures")["details"]["actual"] == CRASH_RECONFIGURES["with_failure"]
+    events = read_events(run_dir / "target" / "phase_b" / "events")
+    assert [(e.rollout_id, e.attempt) for e in events if isinstance(e, TrainGroupStepEndEvent)] == [
+        (0, 0), (1, 0), (2, 1), (3, 0), (4, 0), (5, 0)]  # rollout 0: phase_a's, restored with its checkpoint
+    assert [(e.rollout_id, e.attempt) for e in events if isinstance(e, FaultInjectedEvent)] == [(2, 0)]
 
 
 def test_wrong_threshold_fails(runs, tmp_path):

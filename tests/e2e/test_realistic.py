@@ -14,10 +14,13 @@ import pytest
 from ftexp_runner import report_checks, run_ftexp
 
 pytestmark = pytest.mark.e2e
-# 20 rollouts, an eval every 5; the threshold lies between the accuracy before the first heal (evals 0
-# and 5) and what the no-fault run of this seed reaches by rollouts 15 and 20 (see conf/scenario/realistic.yaml).
+# 20 rollouts, an eval every 5; the threshold lies between where the engines stand at the first heal (the
+# stale-engines control keeps them there) and the best the run under faults reaches. Measured in CI with MKL on its
+# AVX2 path (2026-12-04): 0.535 before rollout 0; the run under faults 0.595, 0.525, 0.595, 0.600 at evals 5-20;
+# the engines left stale after the first heal held 0.555. A thin margin: 4 of 200 eval problems.
+THRESHOLD = 0.58
 REALISTIC_SMALL = ("scenario=realistic", "seed=1", "scenario.soak.crash_probability=0.1", "scenario.soak.first_after_s=0",
-                   "scenario.metric_threshold=0.55", "scenario.num_steps=20")
+                   f"scenario.metric_threshold={THRESHOLD}", "scenario.num_steps=20")
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +42,7 @@ def test_realistic_learns_under_faults(tmp_path, warmup_cache):
     assert all(c["passed"] for c in checks.values()), {n: c["summary"] for n, c in checks.items() if not c["passed"]}
     accuracy = checks["accuracy"]["details"]
     assert [step for step, _ in accuracy["curve"]] == [0, 5, 10, 15, 20]
-    assert accuracy["best"] >= 0.55 > accuracy["start"] and accuracy["best"] > accuracy["start"] + 0.05
+    assert accuracy["best"] >= THRESHOLD > accuracy["start"] and accuracy["best"] > accuracy["start"] + 0.05
     assert len(checks["injections"]["details"]["recoveries"]) >= 2 and len(checks["heals"]["details"]["heals"]) >= 2
     report = (run_dir / "report.md").read_text()
     assert f"start {accuracy['start']:.3f}" in report and f"best {accuracy['best']:.3f}" in report

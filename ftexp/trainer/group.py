@@ -178,11 +178,14 @@ class TrainGroup:
         The release is for the quorum, not for one call: a member that is not yet in its collective
         gives up on it as soon as it gets there. The next refresh moves everyone to a new quorum."""
         self.departures += 1
-        if index not in self._members:
-            return
-        for peer in self._members:
-            if peer != index and self.cells[peer].state in _MEMBER_STATES:
-                self.cells[peer].submit("release_collectives", self.quorum_id)
+        if index in self._members:
+            self._release(self.quorum_id, [peer for peer in self._members if peer != index])
+
+    def _release(self, quorum_id: int, cells: list[int]) -> None:
+        """Those of ``cells`` still members give up every cross-cell wait on ``quorum_id`` (fire and forget)."""
+        for i in cells:
+            if self.cells[i].state in _MEMBER_STATES:
+                self.cells[i].submit("release_collectives", quorum_id)
 
     def _watch_deaths(self) -> None:
         """Fail a cell the moment Ray reports one of its actors dead — also between calls."""
@@ -385,9 +388,7 @@ class TrainGroup:
         with self._lock:
             if queued.quorum_id == self.quorum_id:
                 self._spent_quorum = queued.quorum_id
-            for i in queued.refs:
-                if self.cells[i].state in _MEMBER_STATES:
-                    self.cells[i].submit("release_collectives", queued.quorum_id)
+            self._release(queued.quorum_id, list(queued.refs))
         self._collect_cells(queued.refs)
 
     def _collect_cells(self, refs: dict[int, list[ray.ObjectRef]]) -> dict[int, list[Any] | Exception]:

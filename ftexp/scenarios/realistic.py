@@ -5,7 +5,8 @@ task with a verifiable reward (``task=...``), while the ``ft_random`` injector k
 through the control server. It passes when:
 
 * some eval of the task reached ``scenario.metric_threshold`` (calibrated from runs without faults:
-  a recovery that loses or corrupts what was learned keeps the accuracy below it);
+  a recovery that loses or corrupts what was learned keeps the accuracy below it), and the start
+  (the eval before rollout 0) did not: a threshold the warm-up already reaches proves nothing;
 * every rollout committed, and every engine update left all engines with the trainer's weights;
 * with ``soak.crash_probability > 0``, the soak's witnesses held (enough injections and heals) and,
   with the audit on, every analyzer rule (cells bitwise equal after every heal, witness ids);
@@ -48,16 +49,24 @@ def check_plan(cfg: ExperimentConfig) -> None:
 
 
 def check_accuracy(target_root: Path, threshold: float) -> CheckResult:
-    """Some eval reached ``threshold`` (as the reference's checker: any, not the last)."""
+    """Some eval after the start reached ``threshold`` (as the reference's checker: any, not the last).
+
+    A threshold the start (the warm-up's eval, before any fault) already reaches fails: a run whose
+    recovery froze or undid the learning would pass it too, so it proves nothing.
+    """
     accuracy = side_accuracy(target_root)
     if accuracy is None:
         return CheckResult("accuracy", False, "no eval accuracy was recorded (eval/<task> metric)", {})
     step, best = accuracy.best
     details = {**accuracy.to_dict(), "threshold": threshold}
-    return CheckResult("accuracy", best >= threshold,
+    if accuracy.start >= threshold:
+        verdict = "already reached at the start: it cannot tell learning from none (calibrate it above the start)"
+    else:
+        verdict = "reached" if best >= threshold else "never reached"
+    return CheckResult("accuracy", verdict == "reached",
                        f"{accuracy.key}: start {accuracy.start:.3f} (before rollout {accuracy.curve[0][0]}), best "
                        f"{best:.3f} (before rollout {step}), final {accuracy.final:.3f}; threshold {threshold:g} — "
-                       + ("reached" if best >= threshold else "never reached"), details)
+                       + verdict, details)
 
 
 def verify(cfg: ExperimentConfig, run_dir: Path) -> list[CheckResult]:

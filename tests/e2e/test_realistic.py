@@ -1,13 +1,14 @@
 """scenario=realistic end to end: GRPO on arith under random faults keeps learning; a recovery bug does not.
 
-Both runs are the same CI-sized experiment (seed 1, REALISTIC_SMALL): the injector's first fault
-lands as soon as training starts, so the first heal comes within the first rollouts, and then one
-every ~30 s: enough for the two injections and two heals the scenario requires in a run of minutes,
-while the one warm spare, rebuilt after each heal, is mostly ready for the next. With
-correct recovery the eval accuracy climbs past the threshold; with the engines never updated after
-the first heal (the audit off, so only the accuracy can tell), it stays where the heal froze it.
-The two runs share a warm-up cache: the second loads the warmed-up state the first computed.
-"""
+Both runs are the same CI-sized experiment (seed 2, REALISTIC_SMALL). The injector's first fault
+lands as soon as training starts, so the first heal comes within the first rollouts. Seed 2's
+injector then draws its second fault 0.09 mean intervals (under 3 s) later; it waits until the first
+heal leaves two cells alive, and lands then. So the two injections and two heals the scenario
+requires come early in the run, however fast the machine trains (the third is drawn ~50 s later).
+The one warm spare, rebuilt after each heal, is mostly ready for the next. With correct recovery the
+eval accuracy climbs past the threshold; with the engines never updated after the first heal (the
+audit off, so only the accuracy can tell), it stays where the heal froze it.
+The two runs share a warm-up cache: the second loads the warmed-up state the first computed."""
 
 import pytest
 
@@ -15,11 +16,11 @@ from ftexp_runner import report_checks, run_ftexp
 
 pytestmark = pytest.mark.e2e
 # 20 rollouts, an eval every 5; the threshold lies between where the engines stand at the first heal (the
-# stale-engines control keeps them there) and the best the run under faults reaches. Measured in CI with MKL on its
-# AVX2 path (2026-12-04): 0.535 before rollout 0; the run under faults 0.595, 0.525, 0.595, 0.600 at evals 5-20;
-# the engines left stale after the first heal held 0.555. A thin margin: 4 of 200 eval problems.
-THRESHOLD = 0.58
-REALISTIC_SMALL = ("scenario=realistic", "seed=1", "scenario.soak.crash_probability=0.1", "scenario.soak.first_after_s=0",
+# stale-engines control keeps them there) and the best the run under faults reaches. Measured with MKL and ATen
+# on their AVX2 paths (2026-12-04): 0.505 before rollout 0, then 0.650, 0.625, 0.660, 0.705, with or without
+# faults; the engines left stale after the first heal held 0.510. A margin of 0.075 over and 0.12 under.
+THRESHOLD = 0.63
+REALISTIC_SMALL = ("scenario=realistic", "seed=2", "scenario.soak.crash_probability=0.1", "scenario.soak.first_after_s=0",
                    f"scenario.metric_threshold={THRESHOLD}", "scenario.num_steps=20")
 
 

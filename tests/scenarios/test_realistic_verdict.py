@@ -1,4 +1,5 @@
-"""scenario=realistic's accuracy verdict: any eval reaching the threshold passes, and the curve it reports.
+"""scenario=realistic's accuracy verdict: any eval reaching the threshold passes (unless the start already
+reached it), and the curve it reports.
 
 Also the metrics reading it relies on: eval lines written beside the training metrics of the same
 step are merged per key, not one line replacing the other.
@@ -39,6 +40,14 @@ def test_any_eval_reaching_the_threshold_passes(tmp_path):
 def test_accuracy_below_the_threshold_fails(tmp_path):
     check = check_accuracy(_run(tmp_path, [(0, 0.40), (5, 0.45), (10, 0.599)]), threshold=0.6)
     assert not check.passed and "never reached" in check.summary
+
+
+def test_a_threshold_the_start_already_reaches_fails_closed(tmp_path):
+    # A run whose engines froze at the start would pass such a threshold: it proves nothing.
+    check = check_accuracy(_run(tmp_path, [(0, 0.59), (5, 0.56), (10, 0.62)]), threshold=0.58)
+    assert not check.passed
+    assert "already reached at the start" in check.summary and "start 0.590" in check.summary
+    assert check_accuracy(_run(tmp_path, [(0, 0.579), (5, 0.56), (10, 0.62)]), threshold=0.58).passed
 
 
 def test_no_eval_fails_closed(tmp_path):

@@ -30,6 +30,9 @@ A last table holds the run's figures against the bounds fault tolerance is held 
 spare, the crash → the next commit, the cell's restart → its first commit, and the crash → the commit with
 the cell back, which in this plan spans both; transfer rate), each marked met or not. Everything of one invocation
 runs on the same machine; results go to ``bench/results/<name>.json`` and ``.md`` (``latest.md`` too).
+The step runs start the baseline's ranks as fresh processes (``trainer.fresh_baseline_ranks=true``), like the
+target's Ray workers: ranks forked from one process that imported torch and megatron-core share its pages,
+which alone made megatron's baseline steps ~15 % cheaper in CPU (``results/2026-12-04_megatron_cpu_gap.md``).
 
     python bench/step_time.py                              # dp2 and dp4, 16 rollouts, 3 runs each
     python bench/step_time.py --modes dp2 --heal --large   # + heal timings + a ~1 s/step model
@@ -176,7 +179,9 @@ def run(mode: str, scenario: str, overrides: list[str]) -> tuple[Path, PeakMemor
 
 def step_row(mode: str, label: str, overrides: list[str]) -> dict:
     load = os.getloadavg()[0]
-    run_dir, memory, tmp = run(mode, "no_failure", overrides)
+    # The baseline's ranks start fresh and import on their own, as the target's Ray workers do (and torchrun's
+    # ranks would): forked from one importer, they share its pages and a small model's step runs faster.
+    run_dir, memory, tmp = run(mode, "no_failure", [*overrides, "trainer.fresh_baseline_ranks=true"])
     with tmp:
         base, targ = perf_rows(run_dir / "baseline"), with_breakdown(run_dir / "target", perf_rows(run_dir / "target"))
         verdict = verdict_of(json.loads((run_dir / "report.json").read_text()))

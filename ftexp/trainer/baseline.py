@@ -226,15 +226,26 @@ def _route_rollout_node_engines(spec: JobSpec, files: NodeFiles, side_engines: S
     return side_engines.start_router(urls)
 
 
+def rank_start_context(fresh: bool, preload_modules: tuple[str, ...]) -> mp.context.BaseContext:
+    """How the baseline's rank processes start.
+
+    By default they fork from a server that imported the trainer (and megatron-core) once: 8 fresh
+    imports of megatron cost ~50 CPU-seconds on 2 cores. torch's compiler too: a torch optimizer
+    imports it when it is built (1.4 CPU-seconds a rank). The server forks before any rank creates
+    threads or process groups, so each rank still starts clean. ``fresh``: each rank is a new
+    interpreter that imports on its own, as the target's Ray workers are (a fair step-time comparison).
+    """
+    if fresh:
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__, "torch._dynamo", *preload_modules])
+    return ctx
+
+
 def _run_ranks(spec: JobSpec, node: int, files: NodeFiles | None, store_host: str, store_port: int,
                witness_counter: int, engines_starting: Future | None) -> None:
-    # Ranks fork from a server that imported the trainer (and megatron-core) once: 8 fresh
-    # imports of megatron cost ~50 CPU-seconds on 2 cores. torch's compiler too: a torch optimizer
-    # imports it when it is built (1.4 CPU-seconds a rank). The server forks before any rank
-    # creates threads or process groups, so each rank still starts clean.
     engine = get_engine(spec.trainer.engine)
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload([__name__, "torch._dynamo", *engine.preload_modules])
+    ctx = rank_start_context(spec.trainer.fresh_baseline_ranks, engine.preload_modules)
     world_size = spec.num_cells * engine.ranks_per_replica(spec.mode)
     ranks = range(world_size) if spec.placement is None else spec.placement.baseline_ranks_on(node)
     procs = [ctx.Process(target=_rank_entry, args=(spec, r, world_size, store_port, witness_counter, store_host),

@@ -59,11 +59,12 @@ def check_accuracy(target_root: Path, threshold: float) -> CheckResult:
         return CheckResult("accuracy", False, "no eval accuracy was recorded (eval/<task> metric)", {})
     step, best = accuracy.best
     details = {**accuracy.to_dict(), "threshold": threshold}
+    passed = accuracy.start < threshold <= best
     if accuracy.start >= threshold:
         verdict = "already reached at the start: it cannot tell learning from none (calibrate it above the start)"
     else:
-        verdict = "reached" if best >= threshold else "never reached"
-    return CheckResult("accuracy", verdict == "reached",
+        verdict = "reached" if passed else "never reached"
+    return CheckResult("accuracy", passed,
                        f"{accuracy.key}: start {accuracy.start:.3f} (before rollout {accuracy.curve[0][0]}), best "
                        f"{best:.3f} (before rollout {step}), final {accuracy.final:.3f}; threshold {threshold:g} — "
                        + verdict, details)

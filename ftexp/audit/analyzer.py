@@ -1,10 +1,10 @@
 """The event analyzer: rules over a run's event log that must hold at every step.
 
 ``cross_replica_weight_checksum``: every rank that committed the same (rollout, attempt) logged
-SHA-256 hashes of its parameters and optimizer state; ranks with the same rank-within-cell in
-different cells must have logged identical hashes. After a heal this proves, bit for bit, that
-the healed cell received the full state (weights *and* optimizer moments and step counts) —
-a dump comparison alone cannot see optimizer state.
+hashes of its parameters, optimizer state and RNG generators (``ftexp.audit.checksums``); ranks
+with the same rank-within-cell in different cells must have logged identical hashes. After a heal
+this proves, bit for bit, that the healed cell received the full state (weights *and* optimizer
+moments and step counts) — a dump comparison alone cannot see optimizer state.
 
 ``inference_engine_weight_checksum_consistency``: after every weight update, all rollout engines
 hold the same weights (each engine's checksums equal engine 0's, and engine 0's those of the weights

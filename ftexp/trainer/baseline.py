@@ -40,7 +40,7 @@ from ftexp.rollout.recorded import load_rollout
 from ftexp.rundir import rollout_path
 from ftexp.trainer.checkpoint import (complete_checkpoint, load_rank_state, resume_event, save_rank_state,
                                       start_event_log)
-from ftexp.trainer.driver import start_local_ray
+from ftexp.trainer.local_ray import start_local_ray
 from ftexp.trainer.rollout_engines import (EngineAddresses, SideEngines, publish_engines, record_update,
                                            wait_for_engines, write_rollout)
 from ftexp.trainer.step import record_metrics, record_sections, record_step_time, train_step

@@ -33,6 +33,7 @@ from ftexp.job import JobSpec
 from ftexp.trainer.cell_rank import CellRank
 from ftexp.trainer.checkpoint import resume_event, start_event_log
 from ftexp.trainer.group import TrainGroup
+from ftexp.trainer.local_ray import start_local_ray
 from ftexp.trainer.nodes import CellPlacer, restore_node
 from ftexp.tasks import build_task
 from ftexp.tasks.base import Task
@@ -43,24 +44,6 @@ from ftexp.trainer.weight_push import WeightPush
 from ftexp.store import LoopbackStore
 
 log = logging.getLogger(__name__)
-
-
-def start_local_ray(num_cpus: int, node_ip: str = "127.0.0.1", resources: dict[str, float] | None = None) -> None:
-    """A private Ray instance whose every socket is on ``node_ip``: loopback (see ``ftexp/__init__.py``), unless a
-    baseline's rollout node on a real cluster serves its engines on the node's own address.
-
-    Ray gives its raylet a fixed 30 s to register; on an overloaded machine it sometimes needs more,
-    and a second start then succeeds. So one failed start is retried."""
-    for attempt in (1, 2):
-        try:
-            ray.init(address="local", _node_ip_address=node_ip, include_dashboard=False, num_cpus=num_cpus,
-                     resources=resources, log_to_driver=True, configure_logging=False)
-            return
-        except Exception as e:  # Ray raises a bare Exception for this timeout
-            if attempt == 2 or "timed out during startup" not in str(e):
-                raise
-            log.warning("ray did not start (%s); starting it again", e)
-            ray.shutdown()
 
 
 def _group_actions(spec: JobSpec, group: TrainGroup, rollout_id: int) -> None:

@@ -18,6 +18,7 @@ from ftexp.rollout.engine import EngineGroup, EngineGroupConfig
 from ftexp.rollout.router import Router
 from ftexp.rollout.server import ServerConfig
 from ftexp.rollout.weight_sync import WeightSender, engine_checksums, tensor_checksums
+from ftexp.trainer.local_ray import start_local_ray
 
 
 def _sampling(seed: int) -> SamplingParams:
@@ -26,8 +27,7 @@ def _sampling(seed: int) -> SamplingParams:
 
 @pytest.fixture(scope="module")
 def engines(model_dir):
-    ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False, num_cpus=2,
-             log_to_driver=False, configure_logging=False)
+    start_local_ray(num_cpus=2, log_to_driver=False)
     group = EngineGroup(ServerConfig(str(model_dir)), EngineGroupConfig(num_engines=2))
     try:
         started = time.monotonic()

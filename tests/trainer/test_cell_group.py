@@ -15,7 +15,7 @@ from ftexp.audit.events import (CellLifecycleEvent, CellReconfigureEvent, EventL
                                 TrainGroupStepEndEvent, read_events)
 from ftexp.config import TrainerConfig
 from ftexp.trainer.cell import Cell, CellState
-from ftexp.trainer.driver import start_local_ray
+from ftexp.trainer.local_ray import start_local_ray
 from ftexp.trainer.group import RetryableStepError, TrainGroup
 
 

@@ -20,7 +20,7 @@ from ftexp.job import JobSpec
 from ftexp.rundir import SideDir
 from ftexp.trainer.cell import CellState
 from ftexp.trainer.cell_rank import CellRank
-from ftexp.trainer.driver import start_local_ray
+from ftexp.trainer.local_ray import start_local_ray
 from ftexp.trainer.group import RetryableStepError, TrainGroup
 from ftexp.store import LoopbackStore
 

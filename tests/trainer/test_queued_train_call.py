@@ -17,7 +17,8 @@ from ftexp.job import JobSpec
 from ftexp.rundir import SideDir
 from ftexp.trainer.cell import IndepDPInfo
 from ftexp.trainer.cell_rank import DISCARDED, CellRank
-from ftexp.trainer.driver import next_to_queue, start_local_ray
+from ftexp.trainer.driver import next_to_queue
+from ftexp.trainer.local_ray import start_local_ray
 from ftexp.store import LoopbackStore
 
 

@@ -22,7 +22,8 @@ The two sides of one run train one after the other, and on a shared 2-core machi
 configuration's ratio moves by tens of percent between runs (dp2 audits off: 1.15–1.77 over three
 runs in a row); each configuration therefore runs ``--repeats`` times and the row gives the median
 run (by wall ratio) with the range of both ratios over the repeats, and the ratio of each side's
-fastest run (noise only ever adds time).
+fastest run (noise only ever adds time). The repeats take turns at which side trains first (the
+baseline in the first), so that what the first side leaves on the machine does not always fall on the target.
 ``--large`` trains a torch model big enough that a step takes about a second on a 2-core CPU,
 so fixed costs and per-byte costs show apart; with ``--heal``, a megatron mode also heals a model with
 ~15x the bytes of its own (``wide_moe_5layer``), whose transfer is mostly bytes, not per-message costs.
@@ -176,31 +177,42 @@ def memory_backed_dir() -> str | None:
 RUN_ROOT = memory_backed_dir()
 
 
-def run(mode: str, scenario: str, overrides: list[str]) -> tuple[Path, PeakMemory, tempfile.TemporaryDirectory]:
+def run(mode: str, scenario: str, overrides: list[str], target_first: bool = False
+        ) -> tuple[Path, PeakMemory, tempfile.TemporaryDirectory]:
+    """One ``python -m ftexp`` run in a fresh run dir; ``target_first``: the target's side trains before the
+    baseline's (``stage=target``, ``stage=baseline``, then ``stage=compare`` for the verdict) instead of after it.
+    The returned memory is the peak of whichever invocation peaked."""
     tmp = tempfile.TemporaryDirectory(dir=RUN_ROOT)
     run_dir = Path(tmp.name) / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "ftexp", f"mode={mode}", f"scenario={scenario}",
-                             f"hydra.run.dir={run_dir}", *overrides], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    memory = PeakMemory(proc.pid)
-    _, stderr = proc.communicate()
-    memory.stop()
-    if proc.returncode != 0 and not (run_dir / "report.json").exists():
-        tmp.cleanup()
-        last = stderr.strip().splitlines()[-1] if stderr.strip() else ""
-        raise RunFailed(f"exit {proc.returncode}, no verdict: {last}")
-    return run_dir, memory, tmp
+    stages = [["stage=target"], ["stage=baseline"], ["stage=compare", f"run_dir={run_dir}"]] if target_first else [[]]
+    peak = None
+    for stage in stages:
+        proc = subprocess.Popen([sys.executable, "-m", "ftexp", f"mode={mode}", f"scenario={scenario}",
+                                 f"hydra.run.dir={run_dir}", *overrides, *stage], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        memory = PeakMemory(proc.pid)
+        _, stderr = proc.communicate()
+        memory.stop()
+        peak = memory if peak is None or memory.total_mb > peak.total_mb else peak
+        if proc.returncode != 0 and not (run_dir / "report.json").exists():
+            tmp.cleanup()
+            last = stderr.strip().splitlines()[-1] if stderr.strip() else ""
+            raise RunFailed(f"{' '.join(stage) or 'run'}: exit {proc.returncode}, no verdict: {last}")
+        if (run_dir / "report.json").exists():
+            break  # a verdict: the run is over, whether every stage ran or a side's training failed
+    return run_dir, peak, tmp
 
 
-def step_row(mode: str, label: str, overrides: list[str]) -> dict:
+def step_row(mode: str, label: str, overrides: list[str], target_first: bool = False) -> dict:
     load = os.getloadavg()[0]
     # The baseline's ranks start fresh and import on their own, as the target's Ray workers do (and torchrun's
     # ranks would): forked from one importer, they share its pages and a small model's step runs faster.
-    run_dir, memory, tmp = run(mode, "no_failure", [*overrides, "trainer.fresh_baseline_ranks=true"])
+    run_dir, memory, tmp = run(mode, "no_failure", [*overrides, "trainer.fresh_baseline_ranks=true"], target_first)
     with tmp:
         base, targ = perf_rows(run_dir / "baseline"), with_breakdown(run_dir / "target", perf_rows(run_dir / "target"))
         verdict = verdict_of(json.loads((run_dir / "report.json").read_text()))
-        row = {"mode": mode, "run": label, "verdict": verdict, "load_avg": load,
+        row = {"mode": mode, "run": label, "verdict": verdict, "first": "target" if target_first else "baseline",
+               "load_avg": load,
                "baseline_s": median_of(base, "step_time_s"),
                "target_s": median_of(targ, "step_time_s"), "peak_mb": round(memory.total_mb),
                "largest_process_mb": round(memory.largest_mb),
@@ -214,8 +226,10 @@ def step_row(mode: str, label: str, overrides: list[str]) -> dict:
 
 def repeated_step_row(mode: str, label: str, overrides: list[str], repeats: int) -> dict:
     """The median of ``repeats`` runs by wall ratio (of an even number, the higher middle one), with the range
-    of the wall and CPU ratios over them."""
-    rows = sorted((step_row(mode, label, overrides) for _ in range(repeats)), key=lambda r: r["ratio"])
+    of the wall and CPU ratios over them. The runs take turns at which side trains first (the baseline in the
+    first run), so that what one side leaves behind on the machine does not always land on the same side."""
+    rows = sorted((step_row(mode, label, overrides, target_first=i % 2 == 1) for i in range(repeats)),
+                  key=lambda r: r["ratio"])
     row = dict(rows[len(rows) // 2], repeats=repeats)
     row["ratio_range"] = f"{rows[0]['ratio']:.3f}–{rows[-1]['ratio']:.3f}"
     cpu = sorted(r["cpu_ratio"] for r in rows if r["cpu_ratio"] is not None)

@@ -12,7 +12,8 @@ before the driver's step, and this rest goes below zero). Wall ratios follow the
 the baseline's rollouts and the target's; so each side's CPU seconds per committed rollout are
 reported too (its ranks' processes, plus the target's driver; Ray's own daemons not counted), with
 their ratio, and the load average at the start of each run. ``--heal`` adds ``with_failure`` runs
-per mode, without and with one warm spare (``trainer.spare_cells=1``): crash → detect → shrink,
+per mode, without and with one warm spare (``trainer.spare_cells=1``), ``--heal-repeats`` runs each (the
+row is the median run by transfer rate, with that rate's range): crash → detect → shrink,
 and the heal's start request → allocate → configure → transfer → load → first commit, and the transfer's
 rate over a raw loopback socket copy of the same bytes (``loopback_copy.py``): on one connection, and
 split over as many connections as the heal used (one per rank pair), all at once.
@@ -274,6 +275,23 @@ def heal_row(mode: str, spare_cells: int, model: str | None = None) -> dict:
                     if heal.get("heal_bytes_per_s") else None)}
 
 
+def repeated_heal_row(mode: str, spare_cells: int, model: str | None, repeats: int) -> dict:
+    """The median of ``repeats`` with_failure runs by the transfer's rate over a raw copy, with that ratio's range
+    over them. A heal of the mode's own megatron model moves its 5 MB in a few ms, and one such transfer is a
+    draw from a wide spread (0.11-3.5 times a raw copy in single runs); the row is that median run as measured,
+    its other timings included."""
+    rows = [heal_row(mode, spare_cells, model) for _ in range(repeats)]
+    rated = sorted((r for r in rows if r["transfer_vs_loopback"] is not None), key=lambda r: r["transfer_vs_loopback"])
+    pick = rated or rows
+    row = dict(pick[len(pick) // 2], repeats=repeats)
+    if len(rated) > 1:
+        row["transfer_vs_loopback_range"] = (f"{rated[0]['transfer_vs_loopback']:.3f}–"
+                                             f"{rated[-1]['transfer_vs_loopback']:.3f}")
+    row["verdict"] = "; ".join(sorted({r["verdict"] for r in rows}))  # every repeat's, not only the median run's
+    row["runs"] = rows  # every repeat, for the JSON
+    return row
+
+
 def fmt(value) -> str:
     if value is None:
         return "-"
@@ -336,10 +354,14 @@ def target_rows(steps: list[dict], heals: list[dict]) -> list[dict]:
             rows.append(_figure(f"crash → commit with the cell back (s), one spare, {named}",
                                 heal.get("fault_to_commit_s"), limit))
         same = heal.get("transfer_vs_loopback_same_connections")
+        spreads = [f"{heal['transfer_vs_loopback_range']} over {heal['repeats']} runs"] \
+            if heal.get("transfer_vs_loopback_range") else []
+        if same and heal["connections"] > 1:
+            spreads.append(f"{same:.3f} on {heal['connections']} connections")
         rows.append(_figure(
             f"heal transfer ÷ raw loopback copy, {heal['mode']}{model}, spare_cells={heal['spare_cells']}"
             f"{_unless_passed(heal)}", heal.get("transfer_vs_loopback"), 0.5, at_least=True,
-            spread=f"{same:.3f} on {heal['connections']} connections" if same and heal["connections"] > 1 else None))
+            spread="; ".join(spreads) or None))
     return rows
 
 
@@ -369,7 +391,7 @@ def markdown(steps: list[dict], heals: list[dict], when: str) -> str:
             "cell back (this plan restarts the cell only after the shrunk rollout committed); `transfer_vs_loopback`: "
             "the heal's bytes/s over a raw loopback socket copy of the same bytes; `…_same_connections`: over a raw copy "
             "of the same bytes split over the heal's `connections` (one per rank pair), all at once:", heals,
-            list(dict.fromkeys(k for heal in heals for k in heal)))
+            [k for k in dict.fromkeys(k for heal in heals for k in heal) if k != "runs"])
     if steps or heals:
         lines += _table(
             "The figures fault tolerance is held to, from the rows above (`spread`: a step ratio's range over the "
@@ -394,6 +416,8 @@ def main() -> int:
     parser.add_argument("--rollouts", type=int, default=16, help="rollouts per no_failure run (rollout 0 is warm-up)")
     parser.add_argument("--repeats", type=int, default=3, help="no_failure runs per configuration (the median is reported)")
     parser.add_argument("--heal", action="store_true", help="also time a with_failure run per mode")
+    parser.add_argument("--heal-repeats", type=int, default=3,
+                        help="with_failure runs per heal configuration (the median by transfer rate is reported)")
     parser.add_argument("--heal-only", action="store_true",
                         help="only the with_failure runs (no step rows; latest.md, the step table, is left as it is)")
     parser.add_argument("--large", action="store_true",
@@ -410,10 +434,11 @@ def main() -> int:
                     rollouts + LARGE_MODEL, args.repeats)
         if args.heal or args.heal_only:
             for spare_cells in (0, 1):
-                measure(heals, {"mode": mode, "spare_cells": spare_cells}, heal_row, mode, spare_cells)
+                measure(heals, {"mode": mode, "spare_cells": spare_cells}, repeated_heal_row, mode, spare_cells, None,
+                        args.heal_repeats)
             if args.large and engine_of(mode) == "megatron":
-                measure(heals, {"mode": mode, "model": WIDE_MEGATRON_MODEL, "spare_cells": 1}, heal_row, mode, 1,
-                        WIDE_MEGATRON_MODEL)
+                measure(heals, {"mode": mode, "model": WIDE_MEGATRON_MODEL, "spare_cells": 1}, repeated_heal_row, mode,
+                        1, WIDE_MEGATRON_MODEL, args.heal_repeats)
     table = markdown(steps, heals, args.name)
     print(table)
     RESULTS.mkdir(exist_ok=True)

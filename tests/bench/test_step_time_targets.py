@@ -5,7 +5,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "bench"))
 
-from step_time import RunFailed, markdown, measure, target_rows  # noqa: E402
+import step_time  # noqa: E402
+from step_time import RunFailed, markdown, measure, repeated_heal_row, target_rows  # noqa: E402
 
 
 def _step(mode: str, run: str, ratio: float) -> dict:
@@ -87,3 +88,19 @@ def test_a_wide_models_heal_is_held_to_the_transfer_bound_only():
         "heal transfer ÷ raw loopback copy, dp2_cp2_tp2_ep2, spare_cells=1": "no",
         "heal transfer ÷ raw loopback copy, dp2_cp2_tp2_ep2 (wide_moe_5layer), spare_cells=1": "yes",
     }
+
+
+def test_repeated_heals_give_the_median_run_by_transfer_rate_and_its_range(monkeypatch):
+    rates = iter([0.9, None, 0.2, 0.4])  # one run's transfer went unmeasured: not ranked, still a run
+
+    def heal_row(mode, spare_cells, model):
+        rate = next(rates)
+        return {**_heal(mode, spare_cells, 4.0, rate or 0.0, 4), "transfer_vs_loopback": rate}
+
+    monkeypatch.setattr(step_time, "heal_row", heal_row)
+    row = repeated_heal_row("dp2_cp2_tp2_ep2", 1, None, 4)
+    assert row["transfer_vs_loopback"] == 0.4 and row["transfer_vs_loopback_range"] == "0.200–0.900"
+    assert row["repeats"] == 4 and len(row["runs"]) == 4
+    [figure] = [r for r in target_rows([], [row]) if r["figure"].startswith("heal transfer")]
+    assert figure["spread"] == "0.200–0.900 over 4 runs; 0.500 on 4 connections" and figure["met"] == "no"
+    assert "runs" not in markdown([], [row], "now").split("Crash → shrink")[1].splitlines()[2]  # not a column

@@ -395,7 +395,8 @@ def markdown(steps: list[dict], heals: list[dict], when: str) -> str:
     if steps or heals:
         lines += _table(
             "The figures fault tolerance is held to, from the rows above (`spread`: a step ratio's range over the "
-            "repeats, or a transfer's rate over a raw copy on as many connections as it used; the soak's flatness is "
+            "repeats, or a transfer's ratio range over its runs and its rate over a raw copy on as many connections "
+            "as it used; the soak's flatness is "
             "`bench/long_run.py`'s):", target_rows(steps, heals), ["figure", "measured", "spread", "target", "met"])
     return "\n".join(lines) + "\n"
 

@@ -38,6 +38,7 @@ import submitit
 import torch
 
 from ftexp.config import LauncherKind
+from ftexp.environment import environment_set
 from ftexp.errors import InputError, Interrupted, interrupt_signal, one_line
 from ftexp.job import JobSpec
 from ftexp.launch.multinode import run_on_node
@@ -301,15 +302,9 @@ def job_failure(job: submitit.Job, log_path: Path) -> str | None:
 @contextlib.contextmanager
 def job_token():
     """A fresh token in the environment while a job is submitted: every process of the job inherits it."""
-    token, previous = uuid.uuid4().hex, os.environ.get(JOB_TOKEN_ENV)
-    os.environ[JOB_TOKEN_ENV] = token
-    try:
+    token = uuid.uuid4().hex
+    with environment_set({JOB_TOKEN_ENV: token}):
         yield token
-    finally:
-        if previous is None:
-            os.environ.pop(JOB_TOKEN_ENV, None)
-        else:
-            os.environ[JOB_TOKEN_ENV] = previous
 
 
 def submit(executor: submitit.Executor, fn, *args) -> tuple[submitit.Job, JobProcesses | None]:

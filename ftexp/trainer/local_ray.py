@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from collections.abc import Iterator
 
 import ray
 import ray._private.services as ray_services
+
+from ftexp.environment import environment_set
 
 log = logging.getLogger(__name__)
 
@@ -25,20 +26,6 @@ log = logging.getLogger(__name__)
 # reserved tcpmux port); should one listen, the probe still stays on loopback.
 DASHBOARD_HTTP_PROXY = "http://127.0.0.1:1"
 _PROXY_VARIABLES = ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY")
-
-
-@contextlib.contextmanager
-def _environment(updates: dict[str, str]) -> Iterator[None]:
-    saved = {name: os.environ.get(name) for name in updates}
-    os.environ.update(updates)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 @contextlib.contextmanager
@@ -54,7 +41,7 @@ def dashboard_behind_closed_proxy(node_ip: str) -> Iterator[None]:
     proxy["no_proxy"] = proxy["NO_PROXY"] = ",".join(dict.fromkeys(["127.0.0.1", "localhost", node_ip]))
 
     def start_api_server_behind_proxy(*args, **kwargs):
-        with _environment(proxy):
+        with environment_set(proxy):
             return start_api_server(*args, **kwargs)
 
     ray_services.start_api_server = start_api_server_behind_proxy

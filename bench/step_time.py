@@ -225,20 +225,26 @@ def step_row(mode: str, label: str, overrides: list[str], target_first: bool = F
         return row
 
 
+def median_run(ranked: list[dict], runs: list[dict]) -> dict:
+    """The middle of ``ranked`` (of an even number, the higher middle one) as a configuration's row, with every
+    run's verdict (not only the middle one's), the number of runs, and every run for the JSON."""
+    row = dict(ranked[len(ranked) // 2], repeats=len(runs))
+    row["verdict"] = "; ".join(sorted({r["verdict"] for r in runs}))
+    row["runs"] = runs
+    return row
+
+
 def repeated_step_row(mode: str, label: str, overrides: list[str], repeats: int) -> dict:
-    """The median of ``repeats`` runs by wall ratio (of an even number, the higher middle one), with the range
-    of the wall and CPU ratios over them. The runs take turns at which side trains first (the baseline in the
+    """The median of ``repeats`` runs by wall ratio, with the range of the wall and CPU ratios over them. The runs take turns at which side trains first (the baseline in the
     first run), so that what one side leaves behind on the machine does not always land on the same side."""
     rows = sorted((step_row(mode, label, overrides, target_first=i % 2 == 1) for i in range(repeats)),
                   key=lambda r: r["ratio"])
-    row = dict(rows[len(rows) // 2], repeats=repeats)
+    row = median_run(rows, rows)
     row["ratio_range"] = f"{rows[0]['ratio']:.3f}–{rows[-1]['ratio']:.3f}"
     cpu = sorted(r["cpu_ratio"] for r in rows if r["cpu_ratio"] is not None)
     row["cpu_ratio_range"] = f"{cpu[0]:.3f}–{cpu[-1]:.3f}" if cpu else None
     # The least disturbed run of each side: the machine's noise only ever adds time.
     row["best_ratio"] = min(r["target_s"] for r in rows) / min(r["baseline_s"] for r in rows)
-    row["verdict"] = "; ".join(sorted({r["verdict"] for r in rows}))  # every repeat's, not only the middle run's
-    row["runs"] = rows  # every repeat, for the JSON
     return row
 
 
@@ -282,13 +288,10 @@ def repeated_heal_row(mode: str, spare_cells: int, model: str | None, repeats: i
     its other timings included."""
     rows = [heal_row(mode, spare_cells, model) for _ in range(repeats)]
     rated = sorted((r for r in rows if r["transfer_vs_loopback"] is not None), key=lambda r: r["transfer_vs_loopback"])
-    pick = rated or rows
-    row = dict(pick[len(pick) // 2], repeats=repeats)
+    row = median_run(rated or rows, rows)
     if len(rated) > 1:
         row["transfer_vs_loopback_range"] = (f"{rated[0]['transfer_vs_loopback']:.3f}–"
                                              f"{rated[-1]['transfer_vs_loopback']:.3f}")
-    row["verdict"] = "; ".join(sorted({r["verdict"] for r in rows}))  # every repeat's, not only the median run's
-    row["runs"] = rows  # every repeat, for the JSON
     return row
 
 

@@ -26,6 +26,7 @@ import argparse
 import statistics
 import time
 
+import ftexp  # noqa: F401  before Ray: it sets the environment that keeps Ray's sockets on loopback
 import ray
 from ray.dag import InputNode, MultiOutputNode
 

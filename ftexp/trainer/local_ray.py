@@ -7,6 +7,10 @@ runs on (HTTP to 169.254.169.254 and metadata.google.internal) whether or not us
 enabled, and no Ray option skips that. The probe uses ``requests``, which honours ``http_proxy``;
 so the dashboard alone is started with its proxy set to a closed loopback port, where every probe
 is refused at once. The other Ray processes, the workers and the driver keep their environment.
+
+Ray decides at its import whether a single node advertises the host's address or loopback, from an
+environment variable that importing ``ftexp`` sets. A process that imported Ray first would start a
+GCS on the host's address, so a loopback start refuses to run there.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import logging
 from collections.abc import Iterator
 
 import ray
+import ray._private.ray_constants as ray_constants
 import ray._private.services as ray_services
 
 from ftexp.environment import environment_set
@@ -58,6 +63,9 @@ def start_local_ray(num_cpus: int, node_ip: str = "127.0.0.1", resources: dict[s
 
     Ray gives its raylet a fixed 30 s to register; on an overloaded machine it sometimes needs more,
     and a second start then succeeds. So one failed start is retried."""
+    if node_ip.startswith("127.") and ray_constants.ENABLE_RAY_CLUSTER:
+        raise RuntimeError(f"ray was imported before ftexp, so its GCS would listen on the host's address, not on "
+                           f"{node_ip}: import ftexp first (it sets {ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR}=0)")
     for attempt in (1, 2):
         try:
             with dashboard_behind_closed_proxy(node_ip):

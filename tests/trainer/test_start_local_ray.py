@@ -1,9 +1,11 @@
 """Starting the private Ray instance: a start that times out while its raylet registers is retried once,
-any other failure is not; and Ray's dashboard sends its cloud probe to a loopback proxy, which no other
-process inherits."""
+any other failure is not; Ray's dashboard sends its cloud probe to a loopback proxy, which no other
+process inherits; and a process that imported Ray before ftexp is refused a loopback start."""
 
 import os
 import socket
+import subprocess
+import sys
 
 import pytest
 import ray
@@ -69,3 +71,16 @@ def test_the_dashboard_alone_sends_its_cloud_probe_to_the_loopback_proxy(monkeyp
             assert ray.get(proxy_variables_of_a_worker.remote()) == before
         finally:
             ray.shutdown()
+
+
+def test_a_process_that_imported_ray_before_ftexp_is_refused_a_loopback_start():
+    """Ray, imported first, would advertise the host's address; the refusal comes before any Ray process starts."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}
+    code = ("import ray\n"
+            "from ftexp.trainer.local_ray import start_local_ray\n"
+            "start_local_ray(num_cpus=1)\n"
+            "print('started')")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "started" not in proc.stdout
+    assert "ray was imported before ftexp" in proc.stderr
+    assert "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0" in proc.stderr

@@ -5,7 +5,8 @@ import platform
 
 # Ray reads this when it is first imported: off, a single-node Ray advertises (and connects over)
 # 127.0.0.1 instead of the host's external address, so every socket of a run stays on loopback.
-# Every ftexp process imports this package before Ray, and Ray workers inherit the environment.
+# Every ftexp process imports this package before Ray (``ftexp.trainer.local_ray`` refuses a loopback start
+# otherwise), and Ray workers inherit the environment.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 # Ray's token authentication, decided the same way in every process: a process joining a cluster by
 # address (a multi-node job's worker node) with another setting fails with InvalidAuthToken. Off: every

@@ -12,8 +12,9 @@ step's worth of time, as training would. Per step length it prints:
   that step length.
 
 ``--compiled`` also runs the round as a Ray compiled graph (``experimental_compile``), the usual answer to
-per-call overhead. Its driver waits for the results by polling, so it spends CPU for as long as the step
-runs. On a machine with fewer cores than ranks plus one, that CPU comes out of the ranks' time.
+per-call overhead. Its driver can wait for the results by polling. It then spends CPU while the step runs,
+and how much varies from run to run. On a machine with fewer cores than ranks plus one, that CPU comes out of
+the ranks' time.
 
 Usage:
     python bench/ray_call_cost.py                      # 2 cells; steps of 0, 20 and 40 ms
@@ -31,6 +32,7 @@ import ray
 from ray.dag import InputNode, MultiOutputNode
 
 from ftexp.trainer.local_ray import start_local_ray
+from step_time import markdown_table
 
 
 def spin(seconds: float) -> None:
@@ -68,10 +70,9 @@ def measure(label: str, ranks: list, call_round, step_s: float, rounds: int) -> 
     rank_extra_ms = statistics.mean(1000 * (after - before) / rounds - 1000 * step_s
                                     for before, after in zip(ranks_before, ranks_after))
     driver_ms = 1000 * driver_s / rounds
-    row = {"calls": label, "step_ms": round(1000 * step_s), "driver_cpu_ms": round(driver_ms, 3),
-           "rank_extra_cpu_ms": round(rank_extra_ms, 3), "round_wall_ms": round(1000 * wall_s / rounds, 2)}
-    row["ray_share"] = round((driver_ms + len(ranks) * rank_extra_ms) / (len(ranks) * 1000 * step_s), 3) if step_s else None
-    return row
+    return {"calls": label, "step_ms": round(1000 * step_s), "driver_cpu_ms": driver_ms,
+            "rank_extra_cpu_ms": rank_extra_ms, "round_wall_ms": 1000 * wall_s / rounds,
+            "ray_share": (driver_ms + len(ranks) * rank_extra_ms) / (len(ranks) * 1000 * step_s) if step_s else None}
 
 
 def main() -> None:
@@ -90,18 +91,14 @@ def main() -> None:
     if args.compiled:
         with InputNode() as inp:
             graph = MultiOutputNode([r.train.bind(inp[0], inp[1]) for r in ranks]).experimental_compile()
-        rows += [measure("compiled graph", ranks, lambda i, s: ray.get(graph.execute(i, s)), step_ms / 1000, args.rounds)
-                 for step_ms in args.steps_ms]
+        rows += [measure("compiled graph", ranks, lambda i, s: ray.get(graph.execute(i, s)), step_ms / 1000,
+                         args.rounds) for step_ms in args.steps_ms]
         graph.teardown()
     ray.shutdown()
 
-    columns = list(rows[0])
-    print(f"# Ray's cost per round of {args.cells} calls ({args.rounds} rounds each)\n")
-    print("| " + " | ".join(columns) + " |")
-    print("|" + "---|" * len(columns))
-    for row in rows:
-        print("| " + " | ".join("–" if row[c] is None else str(row[c]) for c in columns) + " |")
-
+    print(f"# Ray's cost per round of {args.cells} actor calls")
+    intro = f"{args.rounds} rounds a row; milliseconds; `ray_share`: Ray's CPU over the work's."
+    print("\n".join(markdown_table(intro, rows, list(rows[0]))))
 
 if __name__ == "__main__":
     main()

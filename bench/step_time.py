@@ -235,8 +235,9 @@ def median_run(ranked: list[dict], runs: list[dict]) -> dict:
 
 
 def repeated_step_row(mode: str, label: str, overrides: list[str], repeats: int) -> dict:
-    """The median of ``repeats`` runs by wall ratio, with the range of the wall and CPU ratios over them. The runs take turns at which side trains first (the baseline in the
-    first run), so that what one side leaves behind on the machine does not always land on the same side."""
+    """The median of ``repeats`` runs by wall ratio, with the range of the wall and CPU ratios over them. The runs
+    take turns at which side trains first (the baseline in the first run), so that what one side leaves behind on
+    the machine does not always land on the same side."""
     rows = sorted((step_row(mode, label, overrides, target_first=i % 2 == 1) for i in range(repeats)),
                   key=lambda r: r["ratio"])
     row = median_run(rows, rows)
@@ -301,7 +302,7 @@ def fmt(value) -> str:
     return f"{value:.3f}" if isinstance(value, float) else str(value)
 
 
-def _table(intro: str, rows: list[dict], cols: list[str]) -> list[str]:
+def markdown_table(intro: str, rows: list[dict], cols: list[str]) -> list[str]:
     """A markdown section: ``intro``, then ``rows`` as a table of ``cols``."""
     return ["", intro, "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols),
             *("| " + " | ".join(fmt(r.get(c)) for c in cols) + " |" for r in rows)]
@@ -374,7 +375,7 @@ def markdown(steps: list[dict], heals: list[dict], when: str) -> str:
     lines = [f"# ftexp step-time benchmark ({when}, one machine, one invocation, "
              f"run dirs in {RUN_ROOT or tempfile.gettempdir()})"]
     if steps:
-        lines += _table(
+        lines += markdown_table(
             "Seconds per committed rollout (median, rollout 0 skipped) of the median run of `repeats` (by wall ratio; "
             "`*_range`: the lowest and highest ratio over the repeats; `best_ratio`: the target's fastest run over "
             "the baseline's); the target's breakdown is the median over "
@@ -384,7 +385,7 @@ def markdown(steps: list[dict], heals: list[dict], when: str) -> str:
             "seconds per committed rollout (median; ranks, plus the target's driver), which the machine's load "
             "(`load_avg`, 1-minute, at the run's start) moves much less than the wall times.", steps, cols)
     if heals:
-        lines += _table(
+        lines += markdown_table(
             "Crash → shrink → heal (`scenario=with_failure`), seconds. `detection_s`: the crash → the "
             "shrink; `allocate_s` … `heal_first_commit_s`: the heal's steps; `start_to_commit_s`: the cell's "
             "restart request → its first commit; `transfer_wait_s`: a rank's configured group → its peer ready for the "
@@ -396,7 +397,7 @@ def markdown(steps: list[dict], heals: list[dict], when: str) -> str:
             "of the same bytes split over the heal's `connections` (one per rank pair), all at once:", heals,
             [k for k in dict.fromkeys(k for heal in heals for k in heal) if k != "runs"])
     if steps or heals:
-        lines += _table(
+        lines += markdown_table(
             "The figures fault tolerance is held to, from the rows above (`spread`: a step ratio's range over the "
             "repeats, or a transfer's ratio range over its runs and its rate over a raw copy on as many connections "
             "as it used; the soak's flatness is "

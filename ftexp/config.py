@@ -228,7 +228,11 @@ class TrainerConfig:
     world_timeout_s: float = 300.0
     # Cross-cell gloo timeout. Short on CPU: a survivor may wait this long for a dead peer.
     cross_cell_timeout_s: float = 10.0
-    max_attempts: int = 30                # group-level retries of one rollout
+    max_attempts: int = 30                # group-level attempts of one train call (one rollout, or a run of them)
+    # Consecutive rollouts with nothing to run between them (audit off, no engines, save or test action)
+    # train in one call per rank, up to this many: Ray's cost of a call and the round trip through the
+    # driver are paid once per run instead of once per rollout. 1: a call per rollout.
+    rollouts_per_call: int = 8
     retry_backoff_s: float = 0.5          # doubles per attempt, capped at retry_backoff_max_s
     retry_backoff_max_s: float = 60.0
     threads_per_rank: int = 1             # also keeps CPU kernels bitwise reproducible

@@ -163,6 +163,9 @@ def validate(cfg: ExperimentConfig) -> None:
     samples = cfg.trainer.rollout.rollout_batch_size * cfg.trainer.rollout.n_samples_per_prompt
     if samples % mode.num_cells:
         raise InputError(f"{samples} samples per rollout do not divide over {mode.num_cells} cells")
+    if cfg.trainer.rollouts_per_call < 1:
+        raise InputError(f"trainer.rollouts_per_call={cfg.trainer.rollouts_per_call}: a train call trains at least "
+                         f"one rollout (>= 1)")
     if cfg.trainer.spare_cells < 0:
         raise InputError(f"trainer.spare_cells={cfg.trainer.spare_cells}: the number of warm spare cells must be >= 0")
     if cfg.trainer.spare_cells and cfg.launcher.nodes > 1:

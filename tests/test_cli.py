@@ -39,6 +39,7 @@ from ftexp_runner import run_ftexp
     (["trainer.witness_buffer_size=100"], "witness_buffer_size=100 is smaller"),
     (["trainer.audit=false", "trainer.enable_witness=true"], "needs trainer.audit=true"),
     (["trainer.spare_cells=-1"], "trainer.spare_cells=-1: the number of warm spare cells must be >= 0"),
+    (["trainer.rollouts_per_call=0"], "trainer.rollouts_per_call=0: a train call trains at least one rollout"),
     (["trainer.spare_cells=1", "launcher=slurm", "launcher.nodes=2"], "trainer.spare_cells=1 needs a one-node job"),
     (["trainer.checksum=md5"], "trainer.checksum"),
     (["scenario=realistic", "task.warmup.cache_dir=/etc/passwd/warmup"], "task.warmup.cache_dir=/etc/passwd/warmup: "

@@ -42,7 +42,7 @@ CACHE_FORMAT = 1
 # the audit): runs that differ only in them share a cache entry.
 TRAINER_FIELDS_OUTSIDE_THE_STATE = ("rollout", "eps_clip", "world_timeout_s", "cross_cell_timeout_s", "max_attempts",
                                     "retry_backoff_s", "retry_backoff_max_s", "negative_control", "audit", "checksum",
-                                    "spare_cells", "fresh_baseline_ranks")
+                                    "spare_cells", "fresh_baseline_ranks", "rollouts_per_call")
 HANDOFF_POLL_S = 0.5
 HANDOFF_DEADLINE_S = 3600.0  # the first cell's warm-up; a dead first cell fails the run's start long before
 

@@ -126,7 +126,6 @@ class CellRank:
         self.last_active, self.bump_count = time.time(), 0
         self.weight_pusher: WeightPusher | None = None  # live rollout engines: made on the first push
         self.last_commit_quorum: int | None = None  # the quorum id of this process's last commit
-        self.last_committed_rollout: int | None = None  # the rollout of this process's last commit
 
     def _take_place(self, cell_index: int | None, name: str) -> None:
         """Become a rank of cell ``cell_index`` (None: a spare, no cell yet): log lines and events say so."""
@@ -285,14 +284,28 @@ class CellRank:
         return {"ok": False, "error": str(error).splitlines()[0] if str(error) else type(error).__name__}
 
     # ---- training -----------------------------------------------------------------------------
-    def train(self, rollout_id: int, attempt: int, witness: WitnessInfo | None,
-              queued_after: int | None = None) -> tuple[str, dict[str, float] | None]:
-        """One attempt of one rollout. ``queued_after``: the driver queued this call behind rollout ``queued_after``'s
-        before it saw that one commit; a process that did not commit it trains nothing (its peers are released)."""
+    def train(self, rollout_ids: list[int], attempt: int,
+              witness: WitnessInfo | None) -> list[tuple[str, dict[str, float] | None, float]]:
+        """One attempt of a run of consecutive rollouts, in order, stopping after the first that does not commit.
+
+        Per rollout trained: its outcome, its metrics, and its seconds since the previous one's end (the first:
+        since the call began). ``witness`` holds the ids of a run of one rollout (a run of several has none)."""
+        assert witness is None or len(rollout_ids) == 1, "witness ids are allocated for one rollout at a time"
+        trained = []
+        mark = time.perf_counter()
+        for rollout_id in rollout_ids:
+            outcome, metrics = self._train_rollout(rollout_id, attempt, witness)
+            now = time.perf_counter()
+            trained.append((outcome, metrics, now - mark))
+            mark = now
+            if outcome != NORMAL:
+                break
+        return trained
+
+    def _train_rollout(self, rollout_id: int, attempt: int,
+                       witness: WitnessInfo | None) -> tuple[str, dict[str, float] | None]:
         info, spec = self.info, self.spec
         assert info is not None, "train before init"
-        if queued_after is not None and self.last_committed_rollout != queued_after:
-            return DISCARDED, None
         self._bump()
         started, events_before, timer = time.perf_counter(), self.events.write_s, SectionTimer()
         cpu_started = time.process_time()
@@ -358,7 +371,6 @@ class CellRank:
                 record_metrics(spec.side_dir, self.events, rollout_id, attempt, metrics)
         self._record_sections(rollout_id, attempt, timer, time.perf_counter() - started, events_before,
                               time.process_time() - cpu_started)
-        self.last_committed_rollout = rollout_id
         return NORMAL, metrics
 
     def _record_sections(self, rollout_id: int, attempt: int, timer: SectionTimer, total_s: float,

@@ -144,16 +144,20 @@ def _fail_fast(analyzer: IncrementalAnalyzer | None) -> None:
         raise EventAnalysisError(issues)
 
 
-def next_to_queue(spec: JobSpec, rollout_id: int) -> int | None:
-    """The rollout whose train calls may wait in the ranks' queues behind ``rollout_id``'s: the next one, where
-    nothing has to run between the two — no analyzer or witness ids (audit), no rollout engines, no soak or
-    control plane, no planted bug, no save and no test action after ``rollout_id``."""
+def next_run(spec: JobSpec, pending: list[int]) -> list[int]:
+    """The rollouts the next train call trains: ``pending[0]`` and the ones after it that nothing has to run
+    before — no analyzer or witness ids (audit), no rollout engines, no soak or control plane, no planted bug,
+    no save and no test action after the one before — at most ``trainer.rollouts_per_call``."""
     if (spec.trainer.audit or spec.live_rollout or spec.soak is not None
-            or (spec.control is not None and spec.control.enabled) or spec.trainer.negative_control is not None
-            or rollout_id + 1 not in spec.rollout_ids() or spec.should_save(rollout_id)
-            or spec.plan.group_actions_after(rollout_id)):
-        return None
-    return rollout_id + 1
+            or (spec.control is not None and spec.control.enabled) or spec.trainer.negative_control is not None):
+        return pending[:1]
+    run = pending[:1]
+    for rollout_id in pending[1:spec.trainer.rollouts_per_call]:
+        previous = run[-1]
+        if rollout_id != previous + 1 or spec.should_save(previous) or spec.plan.group_actions_after(previous):
+            break
+        run.append(rollout_id)
+    return run
 
 
 def run_ft_driver(spec: JobSpec) -> None:
@@ -198,7 +202,10 @@ def run_ft_driver(spec: JobSpec) -> None:
             plane = _start_control_plane(spec, group, events)
         if soak is not None:
             watchdog = StepWatchdog(group, soak.step_deadline_s)
-        for rollout_id in rollouts:
+        pending = list(rollouts)
+        while pending:
+            run, rollout_id = next_run(spec, pending), pending[0]
+            pending = pending[len(run):]
             if soak is not None:
                 time.sleep(soak.simulated_rollout_s)  # "generation": the window in which faults land
             if engines is not None:
@@ -208,19 +215,22 @@ def run_ft_driver(spec: JobSpec) -> None:
                 write_rollout(spec, engines, rollout_id, events, task)
             started, cpu_started = time.monotonic(), time.process_time()
             _fail_fast(analyzer)  # on the previous rollout's events
-            analyzed = time.monotonic()
-            metrics = group.train(rollout_id, queue_next=next_to_queue(spec, rollout_id))
-            if watchdog is not None:
-                watchdog.progress()
-            record_step_time(spec.side_dir, rollout_id, time.monotonic() - started, analyzer_s=analyzed - started,
-                             cpu_s=time.process_time() - cpu_started)
-            log.info("target rollout %d committed: loss=%.6f alive=%s", rollout_id, metrics.get("train/loss", float("nan")),
-                     group.alive_indices())
-            _group_actions(spec, group, rollout_id)
-            if engines is not None:  # before the save: the checkpoint's event snapshot holds this update
-                _update_weights(spec, group, engines, events, rollout_id, group_names)
-            if spec.should_save(rollout_id):
-                group.execute_first_alive("save", rollout_id)
+            analyzer_s = time.monotonic() - started
+            commits = group.train(run)
+            cpu_s = (time.process_time() - cpu_started) / len(commits)  # the driver's CPU, shared by the run
+            for n, commit in enumerate(commits):
+                if watchdog is not None:
+                    watchdog.progress()
+                record_step_time(spec.side_dir, commit.rollout_id, commit.step_s + (analyzer_s if n == 0 else 0.0),
+                                 analyzer_s=analyzer_s if n == 0 else 0.0, cpu_s=cpu_s)
+                log.info("target rollout %d committed: loss=%.6f alive=%s", commit.rollout_id,
+                         commit.metrics.get("train/loss", float("nan")), group.alive_indices())
+                # Nothing of this runs after a run's rollouts but its last (``next_run``).
+                _group_actions(spec, group, commit.rollout_id)
+                if engines is not None:  # before the save: the checkpoint's event snapshot holds this update
+                    _update_weights(spec, group, engines, events, commit.rollout_id, group_names)
+                if spec.should_save(commit.rollout_id):
+                    group.execute_first_alive("save", commit.rollout_id)
         if task is not None and engines is not None and rollouts:
             _evaluate(spec, engines, task, events, rollouts.stop)
         _fail_fast(analyzer)

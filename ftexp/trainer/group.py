@@ -1,26 +1,25 @@
 """The train group: N cells, the quorum id, and the step / refresh / heal protocol.
 
-One rollout is trained by ``train(rollout_id)``: up to ``max_attempts`` attempts, each of which
+One call of ``train(rollout_ids)`` trains a run of consecutive rollouts to a commit each: up to
+``max_attempts`` attempts, each of which
 
 0. allocates fresh witness ids for the rollout's samples and logs them — every attempt, so the
-   analyzer can tell a retry's samples from a discarded attempt's;
+   analyzer can tell a retry's samples from a discarded attempt's (witness ids: a run of one);
 1. refreshes membership — if a cell is pending, an alive cell's quorum view is stale, or the
    current quorum is spent (it never formed, or an attempt on it was discarded: some rank's group
    failed, and a failed group is never reused), bump the quorum id, allocate the pending cells,
    move every alive cell to the new cross-cell group, and heal the pending cells from the
    lowest-index alive cell (one ``CellReconfigureEvent``);
-2. calls ``train`` on every rank of every alive cell and classifies each cell as errored (its call
-   raised; it is already stopped), discarded (a rank's reduce failed) or normal;
-3. succeeds when no cell discarded and at least one is normal — an errored cell alongside normal
-   ones may have died after the exchange, so the survivors' commit stands.
+2. calls ``train`` once on every rank of every alive cell with the run's rollouts not yet committed;
+   a rank trains them in order and stops after the first that does not commit. Per rollout, each cell
+   is errored (its call raised; it is already stopped), discarded (a rank's reduce failed) or normal;
+3. commits the rollouts in order as long as no cell discarded and at least one is normal — an
+   errored cell alongside normal ones may have died after the exchange, so the survivors' commit
+   stands. The rest of the run goes on at the next attempt number.
 
-When nothing has to happen between two rollouts (no audit, no engines, no save, no test action: the
-driver decides), ``train(r, queue_next=r + 1)`` also queues rollout r+1's train calls on every rank
-right behind rollout r's, so the ranks go on without waiting for a round trip through the driver. A
-rank trains a queued call only if its own process committed rollout r; so a queued rollout commits
-only where every member committed r, and no other cell left meanwhile. Otherwise the driver voids the
-queued calls before anything else: it releases their quorum (spent from then on) and collects them,
-and that rollout goes on at its next attempt.
+The driver makes a run longer than one rollout only where nothing has to happen between its
+rollouts (no audit, no engines, no save, no test action): then the ranks go from one rollout to the
+next without a round trip through the driver, and Ray's cost of a call is paid once per run.
 
 Cells leave from three threads: the training loop (a call on a cell failed), the control plane
 (suspend) and the death watch (a cell's lifeline call failed: its process died, even between
@@ -40,15 +39,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, Callable
 
 import ray
 
 from ftexp.audit.events import CellLifecycleEvent, CellReconfigureEvent, EventLogger, TrainGroupStepEndEvent
 from ftexp.audit.witness import WitnessIdAllocator, WitnessInfo, allocation_event
 from ftexp.trainer.cell import Cell, CellState, IndepDPInfo
-from ftexp.trainer.cell_rank import DISCARDED, NORMAL
+from ftexp.trainer.cell_rank import NORMAL
 from ftexp.trainer.spares import SparePool
 
 log = logging.getLogger(__name__)
@@ -57,22 +56,18 @@ _MEMBER_STATES = (CellState.ALLOCATED, CellState.ALIVE)
 
 
 class RetryableStepError(RuntimeError):
-    """This attempt of a rollout did not commit; refresh and try again."""
-
-
-class QueuedCallsVoided(RetryableStepError):
-    """The calls queued for this attempt were voided (a cell left since): try again at once."""
+    """This attempt did not commit (the rest of its run); refresh and try again."""
 
 
 @dataclass(frozen=True)
-class QueuedCalls:
-    """An attempt of ``rollout_id``, queued on every rank of quorum ``quorum_id`` behind the previous rollout's."""
+class Commit:
+    """A committed rollout: its attempt, the first normal cell's metrics, and its seconds from the previous commit
+    (or the start of its run's training) to its own, as the slowest cell's ranks measured them."""
 
     rollout_id: int
     attempt: int
-    quorum_id: int
-    departures: int  # the group's departure count when they were queued: any cell leaving since voids them
-    refs: dict[int, list[ray.ObjectRef]]
+    metrics: dict[str, float]
+    step_s: float
 
 
 class TrainGroup:
@@ -98,8 +93,6 @@ class TrainGroup:
         self._spent_quorum: int | None = None  # a quorum an attempt was discarded on: it must not train again
         self._watch_stop = threading.Event()
         self._watch: threading.Thread | None = None
-        self._queued: QueuedCalls | None = None
-        self._first_attempt: dict[int, int] = {}  # rollout -> its first attempt not spent by voided queued calls
 
     # ---- start-up -----------------------------------------------------------------------------
     def init(self, load_rollout_id: int | None) -> list[dict[str, Any]]:
@@ -299,27 +292,35 @@ class TrainGroup:
                  src if pending else None)
         return event
 
-    # ---- one rollout --------------------------------------------------------------------------
-    def train(self, rollout_id: int, queue_next: int | None = None) -> dict[str, float]:
-        """Train ``rollout_id`` to a commit; with ``queue_next``, queue that rollout's calls behind each attempt
-        (never with witnesses: a queued call carries no witness ids)."""
-        assert queue_next is None or self.witness_allocator is None, "queued train calls carry no witness ids"
+    # ---- a run of rollouts ---------------------------------------------------------------------
+    def train(self, rollout_ids: list[int]) -> list[Commit]:
+        """Train consecutive ``rollout_ids`` to a commit each, in one call per rank and attempt (several only
+        without witnesses: a run's call carries the ids of one rollout)."""
+        assert len(rollout_ids) == 1 or self.witness_allocator is None, "witness ids are allocated per rollout"
+        commits: list[Commit] = []
         backoff = self.cfg.retry_backoff_s
-        for attempt in range(self._first_attempt.pop(rollout_id, 0), self.cfg.max_attempts):
+        since = time.monotonic()  # the previous commit as the driver saw it (here: the run's start)
+        for attempt in range(self.cfg.max_attempts):
             departures = self.departures
+            remaining = rollout_ids[len(commits):]
             try:
-                return self._attempt(rollout_id, attempt, queue_next)
+                committed, since, failure = self._attempt(remaining, attempt, since)
             except (RetryableStepError, AssertionError) as e:
                 if isinstance(e, AssertionError) and not self.alive_indices():
                     raise
-                if self.departures != departures or isinstance(e, QueuedCallsVoided):  # the cause is known
-                    log.warning("rollout %d attempt %d did not commit: %s; a cell left, retrying at once",
-                                rollout_id, attempt, e)
-                    continue
-                log.warning("rollout %d attempt %d did not commit: %s; retrying in %.1fs", rollout_id, attempt, e, backoff)
-                time.sleep(backoff)
-                backoff = min(backoff * 2, self.cfg.retry_backoff_max_s)
-        raise RuntimeError(f"rollout {rollout_id}: no commit after {self.cfg.max_attempts} attempts")
+                committed, failure = [], str(e)
+            commits += committed
+            if len(commits) == len(rollout_ids):
+                return commits
+            if committed or self.departures != departures:  # the cause is known, or the run got on: no back-off
+                log.warning("rollout %d attempt %d did not commit: %s; retrying at once",
+                            remaining[len(committed)], attempt, failure)
+                continue
+            log.warning("rollout %d attempt %d did not commit: %s; retrying in %.1fs", remaining[0], attempt, failure,
+                        backoff)
+            time.sleep(backoff)
+            backoff = min(backoff * 2, self.cfg.retry_backoff_max_s)
+        raise RuntimeError(f"rollout {rollout_ids[len(commits)]}: no commit after {self.cfg.max_attempts} attempts")
 
     def _allocate_witness(self, rollout_id: int, attempt: int) -> WitnessInfo | None:
         if self.witness_allocator is None:
@@ -329,73 +330,70 @@ class TrainGroup:
         self.events.log(allocation_event(rollout_id, attempt, witness, self.witness_allocator.counter))
         return witness
 
-    def _attempt(self, rollout_id: int, attempt: int, queue_next: int | None) -> dict[str, float]:
-        witness = self._allocate_witness(rollout_id, attempt)
-        refs = self._take_queued(rollout_id, attempt)
-        if refs is None:
-            self.refresh(rollout_id)
-            cells = [self.cells[i] for i in self.alive_indices()]
-            refs = {c.index: c.submit("train", rollout_id, attempt, witness) for c in cells}
-        if queue_next is not None:
-            next_attempt = self._first_attempt.get(queue_next, 0)
-            self._queued = QueuedCalls(queue_next, next_attempt, self.quorum_id, self.departures, {
-                i: self.cells[i].submit("train", queue_next, next_attempt, None, queued_after=rollout_id) for i in refs})
-        self.waiting_on = {i: f"rollout {rollout_id} attempt {attempt}: train" for i in refs}
-        outcomes: dict[int, Any] = {}
-        metrics: dict[str, float] | None = None
-        for index, results in self._collect_cells(refs).items():
-            if isinstance(results, Exception):
-                log.warning("rollout %d attempt %d: cell %d errored: %s", rollout_id, attempt, index,
-                            type(results).__name__)
-                outcomes[index] = "error"
-                continue
-            outcomes[index] = [outcome for outcome, _ in results]
-            metrics = metrics or next((m for _, m in results if m is not None), None)
-        normal = [i for i, o in outcomes.items() if o != "error" and all(x == NORMAL for x in o)]
-        discarded = [i for i, o in outcomes.items() if o != "error" and any(x == DISCARDED for x in o)]
+    def _attempt(self, rollout_ids: list[int], attempt: int, since: float) -> tuple[list[Commit], float, str | None]:
+        """One attempt of the run ``rollout_ids``: the rollouts it committed, when the last of them committed, and
+        why the next one did not (None: the whole run committed).
+
+        Raises ``RetryableStepError`` where none committed; the first that did not is the next attempt's first."""
+        witness = self._allocate_witness(rollout_ids[0], attempt)
+        self.refresh(rollout_ids[0])
+        refs = {i: self.cells[i].submit("train", rollout_ids, attempt, witness) for i in self.alive_indices()}
+        self.waiting_on = {i: f"rollouts {rollout_ids[0]}..{rollout_ids[-1]} attempt {attempt}: train" for i in refs}
+        quorum_id = self.quorum_id
+
+        def give_up_if_stopped_early(trained: list) -> None:
+            """A rank that stopped before the run's end leaves its peers' next collective waiting for it: the
+            quorum is spent, and every member gives up on it at once (not at the cross-cell timeout)."""
+            if len(trained) < len(rollout_ids):
+                with self._lock:
+                    self._spent_quorum = quorum_id
+                    self._release(quorum_id, list(self._members))
+
+        results = self._collect_cells(refs, on_result=give_up_if_stopped_early)
+        answered = time.monotonic()
         self.waiting_on = {}
-        if discarded or not normal:
-            if discarded:
-                self._spent_quorum = self.quorum_id
-            raise RetryableStepError(f"outcomes {outcomes}")
-        self.events.log(TrainGroupStepEndEvent(rollout_id=rollout_id, attempt=attempt, cell_outcomes=outcomes))
+        trained = {i: r for i, r in results.items() if not isinstance(r, Exception)}
+        for i, result in results.items():
+            if isinstance(result, Exception):
+                log.warning("rollouts %d..%d attempt %d: cell %d errored: %s", rollout_ids[0], rollout_ids[-1], attempt,
+                            i, type(result).__name__)
+        commits: list[Commit] = []
+        failure = None
+        for n, rollout_id in enumerate(rollout_ids):
+            # Each cell's ranks' outcomes ("missing": the rank stopped after an earlier rollout that did not commit).
+            outcomes: dict[int, Any] = {i: [ranks[n][0] if n < len(ranks) else "missing" for ranks in trained[i]]
+                                        if i in trained else "error" for i in results}
+            normal = [i for i, o in outcomes.items() if o != "error" and all(x == NORMAL for x in o)]
+            if len(normal) < len(trained) or not normal:
+                if len(normal) < len(trained):
+                    self._spent_quorum = quorum_id
+                failure = f"rollout {rollout_id}: outcomes {outcomes}"
+                if not commits:
+                    raise RetryableStepError(failure)
+                break
+            self.events.log(TrainGroupStepEndEvent(rollout_id=rollout_id, attempt=attempt, cell_outcomes=outcomes))
+            metrics = next((ranks[n][1] for i in normal for ranks in trained[i] if ranks[n][1] is not None), {})
+            commits.append(Commit(rollout_id, attempt, metrics, 0.0))
+        # Seconds per commit from the ranks' clocks, of the cell that trained longest; the first commit also
+        # takes what the driver spent before and around the call, and what the ranks spent after the last
+        # commit (a rollout that did not commit) goes to the next attempt's first.
+        slowest = max(trained.values(), key=lambda cell: max(sum(s for *_, s in ranks) for ranks in cell))
+        seconds = [max(ranks[n][2] if n < len(ranks) else 0.0 for ranks in slowest) for n in range(len(rollout_ids))]
+        after = sum(seconds[len(commits):])
+        committed_at = answered - after
+        first_s = committed_at - since - sum(seconds[1:len(commits)])
+        commits = [replace(c, step_s=first_s if n == 0 else seconds[n]) for n, c in enumerate(commits)]
         with self._lock:
             self.spares.fill()  # replace a spare a heal used, once the group committed again: not during the heal
-        return metrics or {}
+        return commits, committed_at, failure
 
-    def _take_queued(self, rollout_id: int, attempt: int) -> dict[int, list[ray.ObjectRef]] | None:
-        """The calls queued for this attempt if they can still commit; any other queued calls are voided first."""
-        queued, self._queued = self._queued, None
-        if queued is None:
-            return None
-        with self._lock:
-            usable = (queued.rollout_id == rollout_id and queued.attempt == attempt
-                      and queued.quorum_id == self.quorum_id and self._spent_quorum != self.quorum_id
-                      and queued.departures == self.departures and all(self.cells[i].is_alive for i in queued.refs)
-                      and not any(c.state in (CellState.PENDING, CellState.ALLOCATED) for c in self.cells))
-        if usable:
-            return queued.refs
-        self._void(queued)
-        if queued.rollout_id == rollout_id:  # this very attempt was the voided one
-            raise QueuedCallsVoided(f"the calls queued for rollout {rollout_id} attempt {attempt} were voided")
-        self._first_attempt[queued.rollout_id] = queued.attempt + 1  # that attempt is spent
-        return None
-
-    def _void(self, queued: QueuedCalls) -> None:
-        """Release queued calls from their quorum, which is spent from then on, and wait until every one returned."""
-        log.info("voiding the train calls queued for rollout %d attempt %d (quorum %d)", queued.rollout_id,
-                 queued.attempt, queued.quorum_id)
-        with self._lock:
-            if queued.quorum_id == self.quorum_id:
-                self._spent_quorum = queued.quorum_id
-            self._release(queued.quorum_id, list(queued.refs))
-        self._collect_cells(queued.refs)
-
-    def _collect_cells(self, refs: dict[int, list[ray.ObjectRef]]) -> dict[int, list[Any] | Exception]:
+    def _collect_cells(self, refs: dict[int, list[ray.ObjectRef]],
+                       on_result: Callable[[Any], None] | None = None) -> dict[int, list[Any] | Exception]:
         """Every cell's per-rank results, or the exception that failed it (the cell is then stopped).
 
         Waits on all cells at once, so a cell that dies is failed at once — which releases its
         peers blocked in a collective with it, instead of leaving them to their timeout.
+        ``on_result`` sees each rank's result as it comes in.
         """
         owner = {ref: index for index, cell_refs in refs.items() for ref in cell_refs}
         incarnation = {index: self.cells[index].incarnation for index in refs}
@@ -405,11 +403,14 @@ class TrainGroup:
             [ready], pending = ray.wait(pending, num_returns=1)
             index = owner[ready]
             try:
-                ray.get(ready)
+                result = ray.get(ready)
             except Exception as e:
                 failed[index] = e
                 pending = [r for r in pending if owner[r] != index]
                 self._cell_failed(index, incarnation[index], by=type(e).__name__)
+            else:
+                if on_result is not None:
+                    on_result(result)
         return {index: failed[index] if index in failed else ray.get(cell_refs)
                 for index, cell_refs in sorted(refs.items())}
 

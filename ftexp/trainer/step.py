@@ -93,8 +93,9 @@ def record_metrics(side_dir: SideDir, events: EventLogger, rollout_id: int, atte
 
 
 def record_step_time(side_dir: SideDir, rollout_id: int, step_time_s: float, **sections: float) -> None:
-    """Wall time of one committed rollout as the side's loop saw it (for benchmarks, never compared): from the
-    start of its training to every rank's commit (the target: the driver holding every cell's answer). Both
+    """Wall time of one committed rollout (for benchmarks, never compared): from the start of its training to
+    every rank's commit. The target's is measured by the slowest cell's ranks from the previous commit, plus,
+    for the first rollout of a train call, the driver's round trip around it (``TrainGroup.train``). Both
     sides leave the same things out: the log line, the rollout engines' update and the checkpoint save."""
     with open(side_dir.perf, "a") as f:
         f.write(json.dumps({"step": rollout_id, "step_time_s": step_time_s, **sections}) + "\n")

@@ -24,10 +24,12 @@ class ScriptedRank:
     def __init__(self, cell_index: int, train: str = "normal"):
         # train: "normal"; "fail" (the cell dies mid-step); "collective" (block as in a cross-cell
         # collective with a peer in attempt 0, until the driver releases it); "discard_once" (its first
-        # reduce fails)
-        self.cell_index, self.calls, self.train_behaviour = cell_index, [], train
+        # reduce fails). "<behaviour>@<rollout>": only at that rollout.
+        self.cell_index, self.calls, self.runs = cell_index, [], []
+        self.train_behaviour, _, at = train.partition("@")
+        self.behaviour_at = int(at) if at else None
         self.released = threading.Event()
-        self.committed = None  # the rollout of the last "normal" answer
+        self.discarded = False
 
     def ping(self):
         return True
@@ -45,22 +47,31 @@ class ScriptedRank:
         self.calls.append(("reconfigure", info.quorum_id, list(send_to)))
         return {"ok": True, "configure_s": 0.0, "transfer_wait_s": 0.0, "load_s": 0.0, "bytes": 100 * len(send_to)}
 
-    def train(self, rollout_id, attempt, witness, queued_after=None):
-        if queued_after is not None:  # as CellRank: a call queued behind a rollout this rank did not commit is void
-            self.calls.append(("queued", rollout_id, attempt, queued_after))
-            if self.committed != queued_after:
-                return "discarded_should_retry", None
-        if self.train_behaviour == "fail":
+    def train(self, rollout_ids, attempt, witness):
+        """As CellRank: the run's rollouts in order, stopping after the first that does not commit."""
+        self.runs.append((list(rollout_ids), attempt))
+        trained, mark = [], time.perf_counter()
+        for rollout_id in rollout_ids:
+            outcome = self._train_rollout(rollout_id, attempt)
+            trained.append((outcome, {"train/loss": 0.0} if outcome == "normal" else None, time.perf_counter() - mark))
+            mark = time.perf_counter()
+            if outcome != "normal":
+                break
+        return trained
+
+    def _train_rollout(self, rollout_id, attempt):
+        behaviour = self.train_behaviour if self.behaviour_at in (None, rollout_id) else "normal"
+        if behaviour == "fail":
             raise RuntimeError("scripted death mid-step")
-        if self.train_behaviour == "collective" and attempt == 0:
+        if behaviour == "collective" and attempt == 0:
             released = self.released.wait(60)
             self.calls.append(("released" if released else "timed out", rollout_id))
-            return "discarded_should_retry", None
+            return "discarded_should_retry"
         self.calls.append(("train", rollout_id, attempt))
-        if self.train_behaviour == "discard_once" and len([c for c in self.calls if c[0] == "train"]) == 1:
-            return "discarded_should_retry", None
-        self.committed = rollout_id
-        return "normal", {"train/loss": 0.0}
+        if behaviour == "discard_once" and not self.discarded:
+            self.discarded = True
+            return "discarded_should_retry"
+        return "normal"
 
     @ray.method(concurrency_group="heartbeat")
     def release_collectives(self, quorum_id):
@@ -69,6 +80,9 @@ class ScriptedRank:
 
     def get_calls(self):
         return self.calls
+
+    def get_runs(self):
+        return self.runs
 
     def fail(self):
         raise RuntimeError("scripted failure")
@@ -204,7 +218,7 @@ def test_stop_then_start_before_refresh_is_one_heal(tmp_path):
     group = _group(tmp_path, n=2)
     group.stop_cell(1, by="test")
     group.start_cell(1, by="test")
-    group.train(5)
+    group.train([5])
     events = [e for e in read_events(tmp_path / "events") if isinstance(e, CellReconfigureEvent)]
     assert [(e.src_cell_index, e.healed_cell_indices) for e in events] == [(0, [1])]
 
@@ -218,7 +232,7 @@ def test_a_dead_cell_releases_its_peers_from_the_collective_at_once(tmp_path):
     group.init(load_rollout_id=None)
     started = time.monotonic()
     with pytest.raises(RetryableStepError):
-        group._attempt(0, 0, None)
+        group._attempt([0], 0, time.monotonic())
     assert time.monotonic() - started < 5  # the scripted collective would wait 60 s
     for survivor in (0, 1):
         assert ray.get(group.cells[survivor].actors[0].get_calls.remote())[-2:] == [("release", 0), ("released", 0)]
@@ -240,7 +254,7 @@ def test_a_cell_dying_between_calls_is_failed_at_once_and_its_peers_released(tmp
     for survivor in (0, 1):  # quorum 0 is released: a survivor entering a collective on it gives up at once
         # The release is fire-and-forget on the heartbeat group: it may land just after the cell stops.
         assert _eventually_last_call(group.cells[survivor].actors[0]) == ("release", 0)
-    group.train(1)
+    group.train([1])
     assert _reconfigures(tmp_path) == [(1, [], [0, 1])]
 
 
@@ -269,7 +283,7 @@ def _eventually_last_call(actor, timeout_s: float = 10.0):
 def test_a_retry_after_a_lost_cell_starts_at_once(tmp_path):
     group = _group(tmp_path, behaviour={0: "collective", 1: "collective", 2: "fail"}, retry_backoff_s=60.0)
     started = time.monotonic()
-    group.train(0)  # attempt 0: cell 2 dies, the others are released and discard; attempt 1 shrinks and commits
+    group.train([0])  # attempt 0: cell 2 dies, the others are released and discard; attempt 1 shrinks and commits
     assert time.monotonic() - started < 30  # no 60 s back-off
     assert _reconfigures(tmp_path) == [(1, [], [0, 1])]
     assert ("train", 0, 1) in ray.get(group.cells[0].actors[0].get_calls.remote())
@@ -280,11 +294,11 @@ def test_a_discarded_attempt_spends_its_quorum_and_backs_off(tmp_path):
     quorum of the same cells (a rank's failed group is never reused)."""
     group = _group(tmp_path, behaviour={0: "discard_once"}, retry_backoff_s=1.0)
     started = time.monotonic()
-    group.train(0)
+    group.train([0])
     assert time.monotonic() - started >= 1.0
     assert _reconfigures(tmp_path) == [(1, [], [0, 1, 2])]
     assert ray.get(group.cells[1].actors[0].get_calls.remote())[-2:] == [("reconfigure", 1, []), ("train", 0, 1)]
-    group.train(1)  # committed on quorum 1: nothing to change
+    group.train([1])  # committed on quorum 1: nothing to change
     assert len(_reconfigures(tmp_path)) == 1
 
 
@@ -307,7 +321,7 @@ def test_a_restarted_cell_takes_a_warm_spare_and_the_pool_is_refilled(tmp_path):
     assert (heal.healed_cell_indices, heal.spare_cell_indices) == ([2], [2])
     assert ray.get(spare.get_calls.remote())[0] == ("init", 1, 0)  # the spare's rank was healed from cell 0
     assert len(made) == 4  # not replaced during the heal ...
-    group.train(1)
+    group.train([1])
     assert ("train", 1, 0) in ray.get(spare.get_calls.remote())
     assert [m[:2] for m in made[4:]] == [(None, 2)]  # ... but after the commit
     replacement = made[-1][2]
@@ -320,7 +334,7 @@ def test_a_restarted_cell_takes_a_warm_spare_and_the_pool_is_refilled(tmp_path):
     assert [m[:2] for m in made[5:]] == [(1, 2)]  # passed over: cell 1 starts new ranks instead
     heal = group.refresh(2)
     assert (heal.healed_cell_indices, heal.spare_cell_indices) == ([1], [])
-    group.train(2)
+    group.train([2])
     assert [m[:2] for m in made[6:]] == [(None, 3)]
     left_over = made[-1][2]
     group.shutdown()  # spares end with the group
@@ -345,44 +359,42 @@ def _commits(tmp_path):
     return [(e.rollout_id, e.attempt) for e in read_events(tmp_path / "events") if isinstance(e, TrainGroupStepEndEvent)]
 
 
-def test_queued_train_calls_run_behind_the_current_rollout(tmp_path):
-    """``queue_next``: the next rollout's calls are on the ranks before the driver collects this one's, and are
-    the ones that train it (no second submission, no reconfigure)."""
+
+
+def test_a_run_of_rollouts_trains_in_one_call_per_rank(tmp_path):
     group = _group(tmp_path, n=2)
-    group.train(0, queue_next=1)
-    group.train(1, queue_next=2)
-    group.train(2)
+    commits = group.train([0, 1, 2])
+    assert [(c.rollout_id, c.attempt) for c in commits] == _commits(tmp_path) == [(0, 0), (1, 0), (2, 0)]
+    assert all(c.metrics == {"train/loss": 0.0} and c.step_s > 0 for c in commits), commits
     for cell in group.cells:
-        assert ray.get(cell.actors[0].get_calls.remote()) == [
-            ("init", 0, None), ("train", 0, 0), ("queued", 1, 0, 0), ("train", 1, 0), ("queued", 2, 0, 1),
-            ("train", 2, 0)]
-    assert _commits(tmp_path) == [(0, 0), (1, 0), (2, 0)] and not _reconfigures(tmp_path)
+        assert ray.get(cell.actors[0].get_runs.remote()) == [([0, 1, 2], 0)]
+    assert not _reconfigures(tmp_path)
 
 
-def test_a_rollout_that_did_not_commit_voids_the_calls_queued_behind_it(tmp_path):
-    """Cell 1 discards rollout 0: its queued rollout-1 call trains nothing, the driver releases and collects the
-    queued calls before the retry, and rollout 1 trains at attempt 1 (its attempt 0 was the voided calls')."""
-    group = _group(tmp_path, n=2, behaviour={1: "discard_once"})
-    group.train(0, queue_next=1)
-    group.train(1)
-    calls = ray.get(group.cells[1].actors[0].get_calls.remote())
-    # A release runs on the heartbeat group's thread: where it lands among the training calls is not fixed.
-    assert ("release", 0) in calls and [c for c in calls if c[0] != "release"] == [
-        ("init", 0, None), ("train", 0, 0), ("queued", 1, 0, 0), ("reconfigure", 1, []), ("train", 0, 1),
-        ("queued", 1, 1, 0), ("train", 1, 1)]
-    assert _commits(tmp_path) == [(0, 1), (1, 1)] and _reconfigures(tmp_path) == [(1, [], [0, 1])]
-
-
-def test_a_cell_lost_while_calls_are_queued_voids_them_and_the_retry_shrinks_at_once(tmp_path):
-    group = _group(tmp_path, n=2, retry_backoff_s=60.0)
-    group.train(0, queue_next=1)
-    group.cells[1].actors[0].exit.remote()  # dies with the rollout-1 call queued on it
-    while group.cells[1].state != CellState.STOPPED:
-        time.sleep(0.01)
+def test_a_rollout_that_does_not_commit_ends_the_attempt_and_the_rest_of_the_run_goes_on_at_the_next(tmp_path):
+    """Cell 1 discards rollout 1 of the run 0..2: rollout 0 stands, and rollouts 1 and 2 train at attempt 1 on a
+    new quorum. Cell 0, which committed rollout 1 and waits in rollout 2's collective for cell 1, is released at
+    once (its scripted collective would wait 60 s)."""
+    group = _group(tmp_path, n=2, behaviour={0: "collective@2", 1: "discard_once@1"}, retry_backoff_s=60.0)
     started = time.monotonic()
-    group.train(1)
-    assert time.monotonic() - started < 30  # the cause is known: no 60 s back-off
-    assert _commits(tmp_path) == [(0, 0), (1, 1)] and _reconfigures(tmp_path) == [(1, [], [0])]
-    calls = ray.get(group.cells[0].actors[0].get_calls.remote())
-    assert ("release", 0) in calls and [c for c in calls if c[0] != "release"][-2:] == [("reconfigure", 1, []),
-                                                                                         ("train", 1, 1)]
+    commits = group.train([0, 1, 2])
+    assert time.monotonic() - started < 30  # no back-off either: the run got on
+    assert [(c.rollout_id, c.attempt) for c in commits] == _commits(tmp_path) == [(0, 0), (1, 1), (2, 1)]
+    assert ray.get(group.cells[0].actors[0].get_runs.remote()) == [([0, 1, 2], 0), ([1, 2], 1)]
+    assert ("released", 2) in ray.get(group.cells[0].actors[0].get_calls.remote())
+    assert ray.get(group.cells[1].actors[0].get_runs.remote()) == [([0, 1, 2], 0), ([1, 2], 1)]
+    assert _reconfigures(tmp_path) == [(1, [], [0, 1])]  # the discarded attempt spent quorum 0
+
+
+def test_a_cell_dying_in_a_run_leaves_the_commits_before_it_and_the_retry_shrinks(tmp_path):
+    """Cell 1 dies at rollout 1 of the run 0..2 while cell 0 waits for it in rollout 1's collective: rollout 0
+    stands, and rollouts 1 and 2 commit at attempt 1 on cell 0 alone, at once (no back-off: the cause is known)."""
+    group = _group(tmp_path, n=2, behaviour={0: "collective@1", 1: "fail@1"}, retry_backoff_s=60.0)
+    started = time.monotonic()
+    commits = group.train([0, 1, 2])
+    assert time.monotonic() - started < 30
+    assert [(c.rollout_id, c.attempt) for c in commits] == [(0, 0), (1, 1), (2, 1)]
+    ends = [e for e in read_events(tmp_path / "events") if isinstance(e, TrainGroupStepEndEvent)]
+    # The dead cell's call raised: it is "error" for the whole run, rollout 0 too, which it may have committed.
+    assert [e.cell_outcomes for e in ends] == [{0: ["normal"], 1: "error"}, {0: ["normal"]}, {0: ["normal"]}]
+    assert _reconfigures(tmp_path) == [(1, [], [0])]

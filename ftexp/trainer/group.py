@@ -19,14 +19,17 @@ One call of ``train(rollout_ids)`` trains a run of consecutive rollouts to a com
 
 The driver makes a run longer than one rollout only where nothing has to happen between its
 rollouts (no audit, no engines, no save, no test action): then the ranks go from one rollout to the
-next without a round trip through the driver, and Ray's cost of a call is paid once per run.
+next without a round trip through the driver, and Ray's cost of a call is paid once per run. A rank
+that stops before its run's end would leave its peers waiting for it in the next rollout's reduce:
+its answer spends the quorum and releases them.
 
 Cells leave from three threads: the training loop (a call on a cell failed), the control plane
 (suspend) and the death watch (a cell's lifeline call failed: its process died, even between
 calls). All three go through one lock and one rule: when a member of the current quorum leaves,
 every other member is released from its cross-cell waits on that quorum (``release_collectives``),
 so nobody waits out a collective's timeout for a peer the driver already knows is gone. A retry
-after an attempt in which a cell left starts at once; only a failure without a known cause backs off.
+after an attempt in which a cell left, or which committed part of its run, starts at once; only a
+failure without a known cause backs off.
 
 With ``trainer.spare_cells=k`` the group keeps k warm spares (``ftexp.trainer.spares``): a restarted
 cell takes one — ranks already started and built — instead of starting processes, which on a loaded

@@ -42,7 +42,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import ray
@@ -360,7 +360,7 @@ class TrainGroup:
             if isinstance(result, Exception):
                 log.warning("rollouts %d..%d attempt %d: cell %d errored: %s", rollout_ids[0], rollout_ids[-1], attempt,
                             i, type(result).__name__)
-        commits: list[Commit] = []
+        committed: list[tuple[int, dict[str, float]]] = []  # (rollout, metrics)
         failure = None
         for n, rollout_id in enumerate(rollout_ids):
             # Each cell's ranks' outcomes ("missing": the rank stopped after an earlier rollout that did not commit).
@@ -371,21 +371,20 @@ class TrainGroup:
                 if len(normal) < len(trained):
                     self._spent_quorum = quorum_id
                 failure = f"rollout {rollout_id}: outcomes {outcomes}"
-                if not commits:
+                if not committed:
                     raise RetryableStepError(failure)
                 break
             self.events.log(TrainGroupStepEndEvent(rollout_id=rollout_id, attempt=attempt, cell_outcomes=outcomes))
-            metrics = next((ranks[n][1] for i in normal for ranks in trained[i] if ranks[n][1] is not None), {})
-            commits.append(Commit(rollout_id, attempt, metrics, 0.0))
+            committed.append((rollout_id, next((ranks[n][1] for i in normal for ranks in trained[i]
+                                                if ranks[n][1] is not None), {})))
         # Seconds per commit from the ranks' clocks, of the cell that trained longest; the first commit also
         # takes what the driver spent before and around the call, and what the ranks spent after the last
         # commit (a rollout that did not commit) goes to the next attempt's first.
         slowest = max(trained.values(), key=lambda cell: max(sum(s for *_, s in ranks) for ranks in cell))
         seconds = [max(ranks[n][2] if n < len(ranks) else 0.0 for ranks in slowest) for n in range(len(rollout_ids))]
-        after = sum(seconds[len(commits):])
-        committed_at = answered - after
-        first_s = committed_at - since - sum(seconds[1:len(commits)])
-        commits = [replace(c, step_s=first_s if n == 0 else seconds[n]) for n, c in enumerate(commits)]
+        committed_at = answered - sum(seconds[len(committed):])
+        seconds[0] = committed_at - since - sum(seconds[1:len(committed)])
+        commits = [Commit(rollout_id, attempt, metrics, seconds[n]) for n, (rollout_id, metrics) in enumerate(committed)]
         with self._lock:
             self.spares.fill()  # replace a spare a heal used, once the group committed again: not during the heal
         return commits, committed_at, failure

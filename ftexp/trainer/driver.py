@@ -2,9 +2,10 @@
 
 Runs inside the launched training job. It starts a local Ray instance bound to 127.0.0.1, hosts
 the TCPStore on which the cross-cell groups rendezvous, builds the cells, and for every rollout:
-train (with retries and healing) → group-level test actions → checkpoint. With live rollout
-engines, each rollout is first generated from the engines, and after it the first alive cell pushes
-its weights to them (``ftexp.trainer.rollout_engines``). With a task, the engines also answer its eval
+train (with retries and healing) → group-level test actions → checkpoint. With the audit off,
+consecutive rollouts with nothing due between them train in one call per rank (``next_run``).
+With live rollout engines, each rollout is first generated from the engines, and after it the
+first alive cell pushes its weights to them (``ftexp.trainer.rollout_engines``). With a task, the engines also answer its eval
 set before every ``eval_interval``-th rollout and after the last: ``eval/<task>`` at step r is the
 accuracy of the policy that generates rollout r (trained on r rollouts after the warm-up).
 """
@@ -221,8 +222,9 @@ def run_ft_driver(spec: JobSpec) -> None:
             for n, commit in enumerate(commits):
                 if watchdog is not None:
                     watchdog.progress()
-                record_step_time(spec.side_dir, commit.rollout_id, commit.step_s + (analyzer_s if n == 0 else 0.0),
-                                 analyzer_s=analyzer_s if n == 0 else 0.0, cpu_s=cpu_s)
+                analyzed_s = analyzer_s if n == 0 else 0.0  # the analyzer ran once, before the run
+                record_step_time(spec.side_dir, commit.rollout_id, commit.step_s + analyzed_s, analyzer_s=analyzed_s,
+                                 cpu_s=cpu_s)
                 log.info("target rollout %d committed: loss=%.6f alive=%s", commit.rollout_id,
                          commit.metrics.get("train/loss", float("nan")), group.alive_indices())
                 # Nothing of this runs after a run's rollouts but its last (``next_run``).

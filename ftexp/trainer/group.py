@@ -384,7 +384,8 @@ class TrainGroup:
         seconds = [max(ranks[n][2] if n < len(ranks) else 0.0 for ranks in slowest) for n in range(len(rollout_ids))]
         committed_at = answered - sum(seconds[len(committed):])
         seconds[0] = committed_at - since - sum(seconds[1:len(committed)])
-        commits = [Commit(rollout_id, attempt, metrics, seconds[n]) for n, (rollout_id, metrics) in enumerate(committed)]
+        commits = [Commit(rollout_id, attempt, metrics, step_s)
+                   for (rollout_id, metrics), step_s in zip(committed, seconds)]
         with self._lock:
             self.spares.fill()  # replace a spare a heal used, once the group committed again: not during the heal
         return commits, committed_at, failure

@@ -5,9 +5,10 @@ the TCPStore on which the cross-cell groups rendezvous, builds the cells, and fo
 train (with retries and healing) → group-level test actions → checkpoint. With the audit off,
 consecutive rollouts with nothing due between them train in one call per rank (``next_run``).
 With live rollout engines, each rollout is first generated from the engines, and after it the
-first alive cell pushes its weights to them (``ftexp.trainer.rollout_engines``). With a task, the engines also answer its eval
-set before every ``eval_interval``-th rollout and after the last: ``eval/<task>`` at step r is the
-accuracy of the policy that generates rollout r (trained on r rollouts after the warm-up).
+first alive cell pushes its weights to them (``ftexp.trainer.rollout_engines``). With a task, the
+engines also answer its eval set before every ``eval_interval``-th rollout and after the last:
+``eval/<task>`` at step r is the accuracy of the policy that generates rollout r (trained on r
+rollouts after the warm-up).
 """
 
 from __future__ import annotations
@@ -146,16 +147,16 @@ def _fail_fast(analyzer: IncrementalAnalyzer | None) -> None:
 
 
 def next_run(spec: JobSpec, pending: list[int]) -> list[int]:
-    """The rollouts the next train call trains: ``pending[0]`` and the ones after it that nothing has to run
-    before — no analyzer or witness ids (audit), no rollout engines, no soak or control plane, no planted bug,
-    no save and no test action after the one before — at most ``trainer.rollouts_per_call``."""
+    """The rollouts the next train call trains, from the consecutive ``pending``: the first, and the ones after it
+    that nothing has to run before — no analyzer or witness ids (audit), no rollout engines, no soak or control
+    plane, no planted bug, no save and no test action after the one before — at most
+    ``trainer.rollouts_per_call``."""
     if (spec.trainer.audit or spec.live_rollout or spec.soak is not None
             or (spec.control is not None and spec.control.enabled) or spec.trainer.negative_control is not None):
         return pending[:1]
     run = pending[:1]
     for rollout_id in pending[1:spec.trainer.rollouts_per_call]:
-        previous = run[-1]
-        if rollout_id != previous + 1 or spec.should_save(previous) or spec.plan.group_actions_after(previous):
+        if spec.should_save(run[-1]) or spec.plan.group_actions_after(run[-1]):
             break
         run.append(rollout_id)
     return run

@@ -43,7 +43,7 @@ from ftexp.trainer.checkpoint import (complete_checkpoint, load_rank_state, resu
 from ftexp.trainer.local_ray import start_local_ray
 from ftexp.trainer.rollout_engines import (EngineAddresses, SideEngines, publish_engines, record_update,
                                            wait_for_engines, write_rollout)
-from ftexp.trainer.step import record_metrics, record_sections, record_step_time, train_step
+from ftexp.trainer.step import record_metrics, record_sections, record_step_time, settle_heap, train_step
 from ftexp.trainer.weight_push import WeightPush, WeightPusher
 from ftexp.store import LoopbackStore
 
@@ -92,6 +92,7 @@ def _rank_main(spec: JobSpec, rank: int, world_size: int, store_port: int, witne
 
     if engines is not None:  # the initial sync: the engines start from random weights
         update_weights(None)
+    settle_heap()
     for rollout_id in spec.rollout_ids():
         if engines is not None:
             if rank == 0:

@@ -44,7 +44,7 @@ from ftexp.trainer import transfer
 from ftexp.trainer.cell import IndepDPInfo
 from ftexp.trainer.checkpoint import complete_checkpoint, load_rank_state, save_rank_state
 from ftexp.trainer.nodes import set_off_node_fault
-from ftexp.trainer.step import SectionTimer, record_metrics, record_sections, train_step
+from ftexp.trainer.step import SectionTimer, record_metrics, record_sections, settle_heap, train_step
 from ftexp.trainer.weight_push import WeightPush, WeightPusher
 
 log = logging.getLogger(__name__)
@@ -126,6 +126,7 @@ class CellRank:
         self.last_active, self.bump_count = time.time(), 0
         self.weight_pusher: WeightPusher | None = None  # live rollout engines: made on the first push
         self.last_commit_quorum: int | None = None  # the quorum id of this process's last commit
+        settle_heap()
 
     def _take_place(self, cell_index: int | None, name: str) -> None:
         """Become a rank of cell ``cell_index`` (None: a spare, no cell yet): log lines and events say so."""

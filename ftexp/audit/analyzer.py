@@ -4,7 +4,9 @@
 hashes of its parameters, optimizer state and RNG generators (``ftexp.audit.checksums``); ranks
 with the same rank-within-cell in different cells must have logged identical hashes. After a heal
 this proves, bit for bit, that the healed cell received the full state (weights *and* optimizer
-moments and step counts) — a dump comparison alone cannot see optimizer state.
+moments and step counts) — a dump comparison alone cannot see optimizer state. A rank of a cell
+that committed normally but logged no checksum is an issue too: it would otherwise escape the
+comparison (a healed cell that never logs one would pass unseen).
 
 ``inference_engine_weight_checksum_consistency``: after every weight update, all rollout engines
 hold the same weights (each engine's checksums equal engine 0's, and engine 0's those of the weights
@@ -76,13 +78,31 @@ def _describe_difference(differing: list[str]) -> str:
             f"e.g. {differing[:3]}")
 
 
+def _missing_checksums(step: TrainGroupStepEndEvent, logged: set[tuple[int | None, int | None]]) -> list[AnalyzerIssue]:
+    """The ranks of the commit's normal cells whose (cell, rank) ``logged`` (the commit's checksum sources) lacks."""
+    return [AnalyzerIssue("cross_replica_weight_checksum", step.rollout_id,
+                          f"attempt {step.attempt}: cell {cell} rank {rank} committed but logged no weight checksum")
+            for cell, outcome in sorted(step.cell_outcomes.items())
+            if outcome != "error" and all(o == "normal" for o in outcome)
+            for rank in range(len(outcome)) if (cell, rank) not in logged]
+
+
 def cross_replica_weight_checksum(events: Iterable[Any]) -> list[AnalyzerIssue]:
+    """Same-rank checksums of a (rollout, attempt) agree, and every rank of every normal cell of a commit logged
+    one. A log without any checksum had the audit off: there is nothing to check."""
     groups: dict[tuple[int, int, int], list[TrainEngineLocalWeightChecksumEvent]] = defaultdict(list)
+    logged: dict[tuple[int, int], set[tuple[int | None, int | None]]] = defaultdict(set)
+    steps = []
     for e in events:
         if isinstance(e, TrainEngineLocalWeightChecksumEvent):
             rank = e.source.rank_within_cell if e.source.rank_within_cell is not None else -1
             groups[(e.rollout_id, e.attempt, rank)].append(e)
-    issues = []
+            logged[(e.rollout_id, e.attempt)].add((e.source.cell_index, e.source.rank_within_cell))
+        elif isinstance(e, TrainGroupStepEndEvent):
+            steps.append(e)
+    if not groups:
+        return []
+    issues = [issue for step in steps for issue in _missing_checksums(step, logged[(step.rollout_id, step.attempt)])]
     for (rollout_id, attempt, _), group in sorted(groups.items()):
         ref = group[0]
         ref_state = _flatten(ref.state)
@@ -249,16 +269,19 @@ class IncrementalAnalyzer:
     """The rules above, fed each event of a growing log once; ``check`` returns the new issues.
 
     What later events can still be checked against is all it keeps: per (rollout, attempt, rank)
-    the first checksum state, the witness allocations, advantages and snapshots of rollouts not
-    yet committed, and the running expected/excused witness ids. A commit (step-end event) is
-    checked when it is read — every event of its rollout was written before it — and its
-    rollout's buffers are dropped, so a long run costs the same per rollout at its end as at its
-    start. On a finished log it finds the same issues as ``analyze``.
+    the first checksum state, per (rollout, attempt) the ranks that logged a checksum, the witness
+    allocations, advantages and snapshots of rollouts not yet committed, and the running
+    expected/excused witness ids. A commit (step-end event) is checked when it is read — every
+    event of its rollout was written before it — and its rollout's buffers are dropped, so a long
+    run costs the same per rollout at its end as at its start. On a finished log it finds the same
+    issues as ``analyze``.
     """
 
     def __init__(self, events_dir):
         self.tail = EventTail(events_dir)
         self._checksum_refs: dict[tuple[int, int, int], tuple[str, dict[str, Any]]] = {}
+        self._checksum_sources: dict[tuple[int, int], set[tuple[int | None, int | None]]] = defaultdict(set)
+        self._checksums_on = False  # a log with checksums had the audit on: from then on every commit needs them
         self._allocated: dict[int, dict[int, list[IdRange]]] = defaultdict(dict)  # rollout -> attempt -> ids
         self._zero_advantage: dict[int, dict[int, set[int]]] = defaultdict(lambda: defaultdict(set))
         self._snapshots: dict[tuple[int, int], dict[int, list[WitnessSnapshotParamEvent]]] = defaultdict(
@@ -289,6 +312,8 @@ class IncrementalAnalyzer:
 
     def _checksum(self, e: TrainEngineLocalWeightChecksumEvent) -> list[AnalyzerIssue]:
         rank = e.source.rank_within_cell if e.source.rank_within_cell is not None else -1
+        self._checksums_on = True
+        self._checksum_sources[(e.rollout_id, e.attempt)].add((e.source.cell_index, e.source.rank_within_cell))
         state = _flatten(e.state)
         ref = self._checksum_refs.setdefault((e.rollout_id, e.attempt, rank), (e.source.process_name, state))
         differing = _differing_keys(ref[1], state)
@@ -311,8 +336,12 @@ class IncrementalAnalyzer:
                     continue
                 by_attempt = self._snapshots.get((r, cell))
                 issues += _snapshot_issues(r, cell, by_attempt[max(by_attempt)] if by_attempt else None, want)
+        if self._checksums_on:
+            issues += _missing_checksums(step, self._checksum_sources.pop((r, step.attempt), set()))
         for key in [k for k in self._snapshots if k[0] <= r]:
             del self._snapshots[key]
         for key in [k for k in self._checksum_refs if k[0] < r]:
             del self._checksum_refs[key]
+        for key in [k for k in self._checksum_sources if k[0] < r]:
+            del self._checksum_sources[key]
         return issues

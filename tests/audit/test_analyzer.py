@@ -213,6 +213,23 @@ def test_cross_replica_checksums_must_agree_per_rollout_and_attempt():
     assert issue.rule == "cross_replica_weight_checksum" and "optimizer_hashes.w.exp_avg" in issue.description
 
 
+def test_every_rank_of_a_normal_cell_must_log_a_checksum_of_the_commit():
+    """Cell 1 committed with two ranks; its rank 1 logged no checksum of the committed attempt (only of the
+    discarded one): the rule names it, where comparing the checksums present would find nothing."""
+    two_ranks = {0: ["normal", "normal"], 1: ["normal", "normal"]}
+
+    def of(cell, rank, attempt):
+        return checksum(cell, 0, attempt).model_copy(update={"source": actor(cell, rank)})
+    log = [of(0, 0, 1), of(0, 1, 1), of(1, 0, 1), of(1, 1, 0), commit(0, 1, two_ranks)]
+    [issue] = cross_replica_weight_checksum(log)
+    assert str(issue) == ("[cross_replica_weight_checksum] rollout 0: attempt 1: cell 1 rank 1 committed but "
+                          "logged no weight checksum")
+    assert cross_replica_weight_checksum(log[:3] + [of(1, 1, 1), commit(0, 1, two_ranks)]) == []
+    # A cell that did not commit normally owes none; a log without any checksum had the audit off.
+    assert cross_replica_weight_checksum(log[:3] + [commit(0, 1, {**two_ranks, 1: "error"})]) == []
+    assert cross_replica_weight_checksum([commit(0, 1, two_ranks)]) == []
+
+
 def test_a_checksum_issue_names_the_parts_of_the_state_that_differ():
     """A heal that drops only the RNG generators: the issue says so, whatever the first keys listed are."""
     def with_rng(cell, torch_rng, exp_avg="b"):
@@ -232,7 +249,8 @@ def _write(events_dir, log):
 
 
 def _logs():
-    with_checksums = sound_log() + [checksum(0, 0, 0), checksum(1, 0, 0, exp_avg="c")]
+    with_checksums = sound_log() + [checksum(0, 0, 0), checksum(1, 0, 0, exp_avg="c"), checksum(0, 1, 1),
+                                    checksum(1, 1, 1)]
     return {
         "sound": sound_log(),
         "lost": replace_snapshots(sound_log(), 1, 1, set(range(4)) | {8, 9, 11}),
@@ -241,6 +259,8 @@ def _logs():
         "no_snapshot": [e for e in sound_log() if not (isinstance(e, WitnessSnapshotParamEvent) and e.rollout_id == 0
                                                        and e.source.cell_index == 1)],
         "checksums": with_checksums,
+        "no_checksum": [e for e in with_checksums if not (isinstance(e, TrainEngineLocalWeightChecksumEvent)
+                                                          and e.rollout_id == 1 and e.source.cell_index == 1)],
     }
 
 

@@ -432,6 +432,21 @@ def test_removed_witness_snapshot_fails(runs, tmp_path):
     assert not analyzer["passed"] and "[witness] rollout 3: cell 1 committed but logged no witness snapshot" in analyzer["summary"]
 
 
+def test_removed_checksum_of_a_healed_cell_fails(runs, tmp_path):
+    """Cell 1, healed at rollout 3, without its checksum of that commit: the checksums left still agree, and the
+    rule must name the one that is missing (else a heal that never logs one would pass unseen)."""
+    run_dir = _copy_of(runs, ("with_failure", "dp2"), tmp_path)
+    healed = run_dir / "target" / "phase_b" / "events" / "actor_cell1_rank0.jsonl"
+    lines = healed.read_text().splitlines()
+    kept = [ln for ln in lines if not ('"train_engine_local_weight_checksum"' in ln and '"rollout_id":3,' in ln)]
+    assert len(kept) == len(lines) - 1
+    healed.write_text("".join(ln + "\n" for ln in kept))
+    assert _compare(run_dir, "with_failure", "dp2").returncode == 1
+    analyzer = _check(_report(run_dir), "phase_b/target_event_analyzer")
+    assert not analyzer["passed"] and ("[cross_replica_weight_checksum] rollout 3: attempt 0: cell 1 rank 0 committed "
+                                       "but logged no weight checksum") in analyzer["summary"], analyzer["summary"]
+
+
 @pytest.mark.parametrize("control, scenario, phase, rollout", [
     # Every cell steps attempt 0 yet reports it void: the retry trains the rollout's samples twice.
     ("double_apply_retry", "no_failure", "", 0),

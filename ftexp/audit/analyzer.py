@@ -78,13 +78,17 @@ def _describe_difference(differing: list[str]) -> str:
             f"e.g. {differing[:3]}")
 
 
+def _normal_cells(step: TrainGroupStepEndEvent) -> list[tuple[int, int]]:
+    """(cell, number of ranks) of each cell whose every rank committed the step normally, by cell index."""
+    return [(cell, len(outcome)) for cell, outcome in sorted(step.cell_outcomes.items())
+            if outcome != "error" and all(o == "normal" for o in outcome)]
+
+
 def _missing_checksums(step: TrainGroupStepEndEvent, logged: set[tuple[int | None, int | None]]) -> list[AnalyzerIssue]:
     """The ranks of the commit's normal cells whose (cell, rank) ``logged`` (the commit's checksum sources) lacks."""
     return [AnalyzerIssue("cross_replica_weight_checksum", step.rollout_id,
                           f"attempt {step.attempt}: cell {cell} rank {rank} committed but logged no weight checksum")
-            for cell, outcome in sorted(step.cell_outcomes.items())
-            if outcome != "error" and all(o == "normal" for o in outcome)
-            for rank in range(len(outcome)) if (cell, rank) not in logged]
+            for cell, ranks in _normal_cells(step) for rank in range(ranks) if (cell, rank) not in logged]
 
 
 def cross_replica_weight_checksum(events: Iterable[Any]) -> list[AnalyzerIssue]:
@@ -209,9 +213,7 @@ def witness(events: list[Any]) -> list[AnalyzerIssue]:
 
     for step in (e for e in events if isinstance(e, TrainGroupStepEndEvent)):
         r = step.rollout_id
-        for cell, outcome in sorted(step.cell_outcomes.items()):
-            if outcome == "error" or any(o != "normal" for o in outcome):
-                continue
+        for cell, _ in _normal_cells(step):
             issues += _snapshot_issues(r, cell, snapshots.get((r, cell)), wanted.get(r, []))
     return issues
 
@@ -331,9 +333,7 @@ class IncrementalAnalyzer:
             zero_by_attempt = self._zero_advantage.pop(r, {})
             want = self._committed.add(attempts[max(attempts)] if attempts else [],
                                        ranges_of(zero_by_attempt[max(zero_by_attempt)]) if zero_by_attempt else [])
-            for cell, outcome in sorted(step.cell_outcomes.items()):
-                if outcome == "error" or any(o != "normal" for o in outcome):
-                    continue
+            for cell, _ in _normal_cells(step):
                 by_attempt = self._snapshots.get((r, cell))
                 issues += _snapshot_issues(r, cell, by_attempt[max(by_attempt)] if by_attempt else None, want)
         if self._checksums_on:

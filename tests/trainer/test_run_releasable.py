@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from ftexp.trainer.cell_rank import CollectiveReleased, run_releasable
+from ftexp.trainer.rank import CollectiveReleased, run_releasable
 
 
 def test_a_release_gives_up_on_a_collective_that_cannot_be_cancelled():

@@ -1,12 +1,13 @@
 """Ways to make the current process fail, modelled on torchft.
 
-An actor's ``inject_fault`` RPC calls ``inject_fault(mode)`` in the actor's own process:
+A rank actor's ``inject_fault`` RPC has ``inject_fault(mode)`` called in the rank's own process (the
+one that trains; its actor then dies with it):
 
 - ``sigkill``  the process sends itself SIGKILL;
 - ``exit``     ``os._exit(1)``: no cleanup, no ``finally`` blocks;
 - ``segfault`` a call through a NULL C function pointer;
 - ``deadlock`` libc ``sleep(600)`` called while holding the GIL, so every Python thread of the
-  process (the heartbeat / RPC threads included) freezes; the process stays alive but silent.
+  process (the one that answers heartbeats included) freezes; the process stays alive but silent.
 """
 
 from __future__ import annotations

@@ -26,28 +26,10 @@ from typing import Any, Callable
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
+from ftexp.trainer.quorum import IndepDPInfo
+
 log = logging.getLogger(__name__)
 CONFIRM_DEAD_DEADLINE_S = 120.0
-
-
-@dataclass(frozen=True)
-class IndepDPInfo:
-    """A cell's place in the current quorum."""
-
-    cell_index: int
-    num_cells: int
-    alive_rank: int
-    alive_size: int
-    quorum_id: int
-    alive_cell_indices: tuple[int, ...]
-
-    def __post_init__(self) -> None:
-        assert self.alive_rank == self.alive_cell_indices.index(self.cell_index)
-        assert self.alive_size == len(self.alive_cell_indices)
-
-    @classmethod
-    def for_cell(cls, cell_index: int, num_cells: int, quorum_id: int, alive: list[int]) -> "IndepDPInfo":
-        return cls(cell_index, num_cells, alive.index(cell_index), len(alive), quorum_id, tuple(alive))
 
 
 class CellState(enum.Enum):

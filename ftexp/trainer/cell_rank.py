@@ -17,7 +17,7 @@ import ray
 
 from ftexp.audit.witness import WitnessInfo
 from ftexp.job import JobSpec
-from ftexp.trainer.cell import IndepDPInfo
+from ftexp.trainer.quorum import IndepDPInfo
 from ftexp.trainer.rank_process import RankProcess
 
 if TYPE_CHECKING:  # imports torch, which this process does without
@@ -36,9 +36,10 @@ class CellRank:
 
     def __init__(self, spec: JobSpec, cell_index: int | None, rank_within_cell: int, store_addr: str,
                  incarnation: int = 0):
+        name = f"cell{cell_index}" if cell_index is not None else f"spare{incarnation}"
         logging.basicConfig(level=logging.INFO, stream=sys.stdout, force=True,
-                            format=f"[%(asctime)s] actor of cell{cell_index}/rank{rank_within_cell} "
-                                   "%(name)s: %(message)s", datefmt="%H:%M:%S")
+                            format=f"[%(asctime)s] {name}/rank{rank_within_cell} actor %(name)s: %(message)s",
+                            datefmt="%H:%M:%S")
         self.process = RankProcess((spec, cell_index, rank_within_cell, store_addr, incarnation,
                                     ray.util.get_node_ip_address()))
 

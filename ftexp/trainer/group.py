@@ -49,7 +49,8 @@ import ray
 
 from ftexp.audit.events import CellLifecycleEvent, CellReconfigureEvent, EventLogger, TrainGroupStepEndEvent
 from ftexp.audit.witness import WitnessIdAllocator, WitnessInfo, allocation_event
-from ftexp.trainer.cell import Cell, CellState, IndepDPInfo
+from ftexp.trainer.cell import Cell, CellState
+from ftexp.trainer.quorum import IndepDPInfo
 from ftexp.trainer.rank import NORMAL
 from ftexp.trainer.spares import SparePool
 

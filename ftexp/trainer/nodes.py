@@ -13,20 +13,18 @@ from __future__ import annotations
 import logging
 import os
 import re
-import sys
 import time
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from ftexp.audit.events import CellPlacementEvent, EventLogger, FaultInjectedEvent, NodeStateEvent
+from ftexp.audit.events import CellPlacementEvent, EventLogger, NodeStateEvent
 from ftexp.faults.nodes import NodeFiles
 from ftexp.placement import Placement, node_resource
 
 log = logging.getLogger(__name__)
 NODE_ENV = "FTEXP_NODE_INDEX"   # every process of a Ray node inherits it: which node it runs on
-NODE_KILL_WAIT_S = 120.0        # a rank that asked for its node's death waits this long for it
 
 
 class ClusterError(RuntimeError):
@@ -131,20 +129,3 @@ def restore_node(files: NodeFiles, node: int, events: EventLogger, timeout_s: fl
     events.log(NodeStateEvent(node_index=node, state="rejoined", ray_node_id=new, timings=timings))
     log.info("node %d is back as Ray node %s (%s)", node, new, timings)
 
-
-def set_off_node_fault(spec, events: EventLogger, cell: int, rank: int, rollout_id: int, attempt: int) -> None:
-    """If the plan takes this rank's node away right before this attempt's reduce: log the fault, ask the node's
-    supervisor to kill the node, and wait for it to (this process dies with the node). Else return at once."""
-    fault = spec.plan.node_fault_before_reduce(cell, rank, rollout_id, attempt)
-    if fault is None:
-        return
-    events.log(FaultInjectedEvent(rollout_id=rollout_id, attempt=attempt, action=fault.action.value, cell_index=cell,
-                                  rank=rank, node_index=fault.node))
-    log.warning("test action %s: taking node %d (cells %s) away before the cross-cell reduce", fault.action.value,
-                fault.node, list(fault.cells))
-    sys.stdout.flush()
-    NodeFiles(spec.side_dir.cluster).request_down(fault.node, f"rollout {rollout_id} attempt {attempt}", fault.how)
-    time.sleep(NODE_KILL_WAIT_S)
-    log.error("node %d was not taken away within %.0f s; exiting hard instead", fault.node, NODE_KILL_WAIT_S)
-    sys.stdout.flush()
-    os._exit(1)

@@ -38,22 +38,23 @@ from ftexp.control.failure_modes import inject_fault
 from ftexp.engines.base import rng_state
 from ftexp.engines.collectives import ascending_fold, sum_across, tree_fold
 from ftexp.engines.registry import get_engine
+from ftexp.faults.nodes import NodeFiles
 from ftexp.faults.plan import NegativeControl
 from ftexp.job import JobSpec
 from ftexp.rollout.recorded import load_rollout
 from ftexp.rundir import rollout_path
 from ftexp.tasks.warmup import warm_start
 from ftexp.trainer import transfer
-from ftexp.trainer.cell import IndepDPInfo
 from ftexp.trainer.checkpoint import complete_checkpoint, load_rank_state, save_rank_state
-from ftexp.trainer.nodes import set_off_node_fault
-from ftexp.trainer.rank_process import answer, child_connections, die_with_parent
+from ftexp.trainer.quorum import IndepDPInfo
+from ftexp.trainer.rank_process import answer, child_connections, die_with_parent, rank_cpu_seconds
 from ftexp.trainer.step import SectionTimer, record_metrics, record_sections, settle_heap, train_step
 from ftexp.trainer.weight_push import WeightPush, WeightPusher
 
 log = logging.getLogger(__name__)
 NORMAL, DISCARDED = "normal", "discarded_should_retry"
 RELEASE_POLL_S = 0.02
+NODE_KILL_WAIT_S = 120.0  # a rank that asked for its node's death waits this long for it
 
 
 class CollectiveReleased(RuntimeError):
@@ -297,7 +298,7 @@ class Rank:
         assert info is not None, "train before init"
         self._bump()
         started, events_before, timer = time.perf_counter(), self.events.write_s, SectionTimer()
-        cpu_started = time.process_time()
+        cpu_started = rank_cpu_seconds()
         control = spec.trainer.negative_control
         rollout = load_rollout(rollout_path(spec.data_dir, rollout_id), expected_rollout_id=rollout_id)
         # The first alive cell writes the group's dumps and metrics (the negative control: always cell 0).
@@ -359,12 +360,12 @@ class Rank:
             if logs_for_group and self.rank == 0:
                 record_metrics(spec.side_dir, self.events, rollout_id, attempt, metrics)
         self._record_sections(rollout_id, attempt, timer, time.perf_counter() - started, events_before,
-                              time.process_time() - cpu_started)
+                              rank_cpu_seconds() - cpu_started)
         return NORMAL, metrics
 
     def _record_sections(self, rollout_id: int, attempt: int, timer: SectionTimer, total_s: float,
                          events_before: float, cpu_s: float) -> None:
-        """Where this rank's step went (compute is what the named sections leave), and the process's CPU seconds."""
+        """Where this rank's step went (compute is what the named sections leave), and its CPU seconds (its actor's too)."""
         seconds = dict(timer.seconds, event_write_s=self.events.write_s - events_before, total_s=total_s)
         seconds["compute_s"] = total_s - sum(v for k, v in seconds.items() if k != "total_s")
         seconds["cpu_s"] = cpu_s
@@ -377,13 +378,31 @@ class Rank:
         return self.weight_pusher.push(self.replica, order)
 
     def _maybe_crash(self, rollout_id: int, attempt: int) -> None:
-        set_off_node_fault(self.spec, self.events, self.cell_index, self.rank, rollout_id, attempt)  # multi-node
+        self._maybe_take_node_away(rollout_id, attempt)  # multi-node
         crash = self.spec.plan.crash_before_reduce(self.cell_index, self.rank, rollout_id, attempt)
         if crash is None:
             return
         self.events.log(FaultInjectedEvent(rollout_id=rollout_id, attempt=attempt, action=crash.action.value,
                                            cell_index=self.cell_index, rank=self.rank))
         log.warning("test action %s: exiting hard before the cross-cell reduce", crash.action.value)
+        sys.stdout.flush()
+        os._exit(1)
+
+    def _maybe_take_node_away(self, rollout_id: int, attempt: int) -> None:
+        """If the plan takes this rank's node away right before this attempt's reduce: log the fault, ask the node's
+        supervisor to kill the node, and wait for it to (this process dies with the node). Else return at once."""
+        fault = self.spec.plan.node_fault_before_reduce(self.cell_index, self.rank, rollout_id, attempt)
+        if fault is None:
+            return
+        self.events.log(FaultInjectedEvent(rollout_id=rollout_id, attempt=attempt, action=fault.action.value,
+                                           cell_index=self.cell_index, rank=self.rank, node_index=fault.node))
+        log.warning("test action %s: taking node %d (cells %s) away before the cross-cell reduce", fault.action.value,
+                    fault.node, list(fault.cells))
+        sys.stdout.flush()
+        NodeFiles(self.spec.side_dir.cluster).request_down(fault.node, f"rollout {rollout_id} attempt {attempt}",
+                                                           fault.how)
+        time.sleep(NODE_KILL_WAIT_S)
+        log.error("node %d was not taken away within %.0f s; exiting hard instead", fault.node, NODE_KILL_WAIT_S)
         sys.stdout.flush()
         os._exit(1)
 

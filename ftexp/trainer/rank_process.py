@@ -33,6 +33,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import traceback
 from multiprocessing.connection import Connection, Pipe
 from pathlib import Path
@@ -71,6 +72,14 @@ def die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
+def rank_cpu_seconds() -> float:
+    """CPU seconds of the rank so far: this process's and its actor's (the parent's, which counts for the rank too)."""
+    with open(f"/proc/{os.getppid()}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+    utime, stime = int(fields[11]), int(fields[12])  # the stat file's 14th and 15th fields, in clock ticks
+    return time.process_time() + (utime + stime) / os.sysconf("SC_CLK_TCK")
+
+
 def child_connections(argv: list[str]) -> tuple[int, list[Connection]]:
     """The parent's pid and the (calls, control, faults) ends, from the rank process's command line."""
     parent_pid, *fds = (int(a) for a in argv)
@@ -97,7 +106,8 @@ class RankProcess:
     def _keep(self, theirs: list[Connection], started: threading.Event) -> None:
         fds = [t.fileno() for t in theirs]
         package_root = str(Path(__file__).resolve().parents[2])  # where ``ftexp`` is importable from
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])),
+                   PYTHONUNBUFFERED="1")  # its log lines reach the actor's log as they are written
         process = subprocess.Popen(
             [sys.executable, "-c", "import sys; from ftexp.trainer.rank import serve; serve(sys.argv[1:])",
              str(os.getpid()), *map(str, fds)], pass_fds=fds, env=env)

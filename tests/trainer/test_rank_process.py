@@ -1,0 +1,114 @@
+"""A rank's actor and the plain process that trains for it live and die together.
+
+Real CellRank actors (torch engine, one rank) on a local Ray: the rank's replica is in a child
+process of the actor, with no Ray inside; a call's error comes back as itself; the actor ends when
+the rank's process does, whatever killed it, and the rank's process ends when its actor does.
+"""
+
+import os
+import time
+
+import pytest
+import ray
+import psutil  # noqa: E402  (Ray ships psutil and puts it on sys.path)
+
+from ftexp.config import Engine, ModeConfig, TrainerConfig
+from ftexp.faults.plan import FaultPlan
+from ftexp.job import JobSpec
+from ftexp.errors import RunDirError
+from ftexp.rundir import SideDir
+from ftexp.store import LoopbackStore
+from ftexp.trainer.quorum import IndepDPInfo
+from ftexp.trainer.cell_rank import CellRank
+from ftexp.trainer.local_ray import start_local_ray
+
+DIES_WITHIN_S = 30.0
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray():
+    start_local_ray(num_cpus=2)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture
+def rank(tmp_path):
+    spec = JobSpec(side="target", phase="", side_dir=SideDir(tmp_path), data_dir=tmp_path / "data",
+                   trainer=TrainerConfig(engine=Engine.torch, enable_witness=False),
+                   mode=ModeConfig(name="dp1", num_cells=1), num_rollout=1, plan=FaultPlan([], 1))
+    store = LoopbackStore()
+    actor = CellRank.remote(spec, 0, 0, store.address, 0)
+    ray.get(actor.ping.remote(), timeout=120)
+    yield actor
+    ray.kill(actor, no_restart=True)
+
+
+def _processes(actor) -> tuple[psutil.Process, psutil.Process]:
+    """The actor's process and the rank's process (its only child running ``ftexp.trainer.rank``)."""
+    actor_pid = ray.get(actor.__ray_call__.remote(lambda _: os.getpid()))
+    parent = psutil.Process(actor_pid)
+    [child] = [p for p in parent.children() if "ftexp.trainer.rank" in " ".join(p.cmdline())]
+    return parent, child
+
+
+def _dead(process: psutil.Process, within_s: float = DIES_WITHIN_S) -> bool:
+    try:
+        process.wait(timeout=within_s)
+        return True
+    except psutil.TimeoutExpired:
+        return False
+
+
+def test_the_replica_lives_in_a_child_process_without_ray(rank):
+    actor, child = _processes(rank)
+    assert child.ppid() == actor.pid
+    modules = {m.path for m in child.memory_maps()}
+    assert not any("_raylet" in path for path in modules), "Ray is loaded into the process that trains"
+    assert any("_raylet" in path for path in {m.path for m in actor.memory_maps()})
+    # The actor process never imported torch: it holds no model.
+    assert not any("libtorch_cpu" in path for path in {m.path for m in actor.memory_maps()})
+    assert any("libtorch_cpu" in path for path in modules)
+    beat = ray.get(rank.heartbeat.remote(), timeout=30)
+    assert set(beat) == {"last_active_timestamp", "bump_count"}
+
+
+def test_a_calls_error_comes_back_as_itself(rank):
+    # Quorum 0 of a one-cell group, then a train call for a rollout whose file does not exist.
+    info = IndepDPInfo.for_cell(0, 1, 0, [0])
+    assert ray.get(rank.init.remote(info, None, None), timeout=60)["ok"]
+    with pytest.raises(ray.exceptions.RayTaskError) as raised:
+        ray.get(rank.train.remote([0], 0, None), timeout=60)
+    assert isinstance(raised.value.cause, RunDirError)
+    assert "rollout file not found" in str(raised.value)
+    assert "in the rank's process" in str(raised.value)
+    assert ray.get(rank.ping.remote(), timeout=30)  # the rank lives on after a failed call
+
+
+@pytest.mark.parametrize("mode", ["sigkill", "exit", "segfault"])
+def test_the_actor_dies_with_its_rank_process(rank, mode):
+    actor, child = _processes(rank)
+    lifeline = rank.lifeline.remote()
+    rank.inject_fault.remote(mode)
+    assert _dead(child), f"the rank's process survived an injected {mode}"
+    assert _dead(actor), "the actor outlived its rank's process"
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(lifeline, timeout=DIES_WITHIN_S)
+
+
+def test_a_frozen_rank_process_answers_no_heartbeat_and_dies_with_its_actor(rank):
+    actor, child = _processes(rank)
+    rank.inject_fault.remote("deadlock")
+    deadline = time.monotonic() + DIES_WITHIN_S
+    while time.monotonic() < deadline:
+        try:
+            ray.get(rank.heartbeat.remote(), timeout=1.0)
+        except ray.exceptions.GetTimeoutError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("the frozen rank's heartbeat kept answering")
+    assert child.is_running() and actor.is_running()
+    ray.kill(rank, no_restart=True)
+    assert _dead(actor)
+    assert _dead(child), "the frozen rank's process outlived its actor"

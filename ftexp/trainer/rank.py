@@ -365,7 +365,8 @@ class Rank:
 
     def _record_sections(self, rollout_id: int, attempt: int, timer: SectionTimer, total_s: float,
                          events_before: float, cpu_s: float) -> None:
-        """Where this rank's step went (compute is what the named sections leave), and its CPU seconds (its actor's too)."""
+        """Where this rank's step went (compute is what the named sections leave), and its CPU seconds (with its
+        actor's)."""
         seconds = dict(timer.seconds, event_write_s=self.events.write_s - events_before, total_s=total_s)
         seconds["compute_s"] = total_s - sum(v for k, v in seconds.items() if k != "total_s")
         seconds["cpu_s"] = cpu_s

@@ -73,7 +73,7 @@ def die_with_parent(parent_pid: int) -> None:
 
 
 def rank_cpu_seconds() -> float:
-    """CPU seconds of the rank so far: this process's and its actor's (the parent's, which counts for the rank too)."""
+    """CPU seconds of the rank so far: this process's and its actor's (the parent's), which the rank costs too."""
     with open(f"/proc/{os.getppid()}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
     utime, stime = int(fields[11]), int(fields[12])  # the stat file's 14th and 15th fields, in clock ticks
@@ -111,7 +111,6 @@ class RankProcess:
         process = subprocess.Popen(
             [sys.executable, "-c", "import sys; from ftexp.trainer.rank import serve; serve(sys.argv[1:])",
              str(os.getpid()), *map(str, fds)], pass_fds=fds, env=env)
-        self.pid = process.pid
         started.set()
         code = process.wait()
         how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"

@@ -44,7 +44,8 @@ from ftexp.trainer.local_ray import start_local_ray
 from ftexp.trainer.rollout_engines import (EngineAddresses, SideEngines, publish_engines, record_update,
                                            wait_for_engines, write_rollout)
 from ftexp.trainer.step import record_metrics, record_sections, record_step_time, settle_heap, train_step
-from ftexp.trainer.weight_push import WeightPush, WeightPusher
+from ftexp.trainer.weight_order import WeightPush
+from ftexp.trainer.weight_push import WeightPusher
 from ftexp.store import LoopbackStore
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import sys
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import ray
 
@@ -19,9 +19,7 @@ from ftexp.audit.witness import WitnessInfo
 from ftexp.job import JobSpec
 from ftexp.trainer.quorum import IndepDPInfo
 from ftexp.trainer.rank_process import RankProcess
-
-if TYPE_CHECKING:  # imports torch, which this process does without
-    from ftexp.trainer.weight_push import WeightPush
+from ftexp.trainer.weight_order import WeightPush
 
 log = logging.getLogger(__name__)
 

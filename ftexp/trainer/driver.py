@@ -42,7 +42,7 @@ from ftexp.tasks.base import Task
 from ftexp.trainer.rollout_engines import (EngineAddresses, GroupNames, SideEngines, evaluate_task, record_update,
                                            write_rollout)
 from ftexp.trainer.step import record_metrics, record_step_time
-from ftexp.trainer.weight_push import WeightPush
+from ftexp.trainer.weight_order import WeightPush
 from ftexp.store import LoopbackStore
 
 log = logging.getLogger(__name__)

@@ -49,7 +49,8 @@ from ftexp.trainer.checkpoint import complete_checkpoint, load_rank_state, save_
 from ftexp.trainer.quorum import IndepDPInfo
 from ftexp.trainer.rank_process import answer, child_connections, die_with_parent, rank_cpu_seconds
 from ftexp.trainer.step import SectionTimer, record_metrics, record_sections, settle_heap, train_step
-from ftexp.trainer.weight_push import WeightPush, WeightPusher
+from ftexp.trainer.weight_order import WeightPush
+from ftexp.trainer.weight_push import WeightPusher
 
 log = logging.getLogger(__name__)
 NORMAL, DISCARDED = "normal", "discarded_should_retry"

@@ -10,27 +10,15 @@ this module is apart from it so that the ranks, which only push, do not import t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from ftexp.engines.base import Replica
 from ftexp.rollout.weight_sync import WeightSender, tensor_checksums
+from ftexp.trainer.weight_order import WeightPush
 
 # A sender that dies mid-update (its cell crashed) leaves every engine waiting on its weight-update
 # group until the engine's group timeout; the next sender's requests queue behind that wait, so they
 # allow for it on top of forming their own group — else the new sender's cell would be failed for it.
 ENGINE_GROUP_TIMEOUT_S = 60.0
 SENDER_TIMEOUT_S = 3 * ENGINE_GROUP_TIMEOUT_S
-
-
-@dataclass(frozen=True)
-class WeightPush:
-    """One ``update_weights``: which engines form the group under which name, and what is sent."""
-
-    rollout_id: int | None              # None: the initial sync
-    group_name: str                     # a new name forms a new group (the sender or the engines changed)
-    engine_urls: tuple[str, ...]
-    send: bool = True                   # False only under a negative control (the engines keep stale weights)
-    transpose_one: bool = False         # negative control: one square tensor sent transposed
 
 
 class WeightPusher:

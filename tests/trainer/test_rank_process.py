@@ -21,6 +21,7 @@ from ftexp.store import LoopbackStore
 from ftexp.trainer.quorum import IndepDPInfo
 from ftexp.trainer.cell_rank import CellRank
 from ftexp.trainer.local_ray import start_local_ray
+from ftexp.trainer.weight_order import WeightPush
 
 DIES_WITHIN_S = 30.0
 
@@ -83,6 +84,22 @@ def test_a_calls_error_comes_back_as_itself(rank):
     assert "rollout file not found" in str(raised.value)
     assert "in the rank's process" in str(raised.value)
     assert ray.get(rank.ping.remote(), timeout=30)  # the rank lives on after a failed call
+
+
+def test_the_actor_only_forwards_and_never_imports_torch(rank):
+    # Were a call's argument or answer to pull torch into the actor, that import would hold the actor's GIL
+    # for seconds and stall the heartbeats and faults it serves beside the call.
+    info = IndepDPInfo.for_cell(0, 1, 0, [0])
+    assert ray.get(rank.init.remote(info, None, None), timeout=60)["ok"]
+    # The torch engine exports no HF weights, so the push fails in the rank's process: after the actor
+    # unpickled the order, which is what matters here.
+    order = WeightPush(rollout_id=None, group_name="unsent", engine_urls=(), send=False)
+    with pytest.raises(ray.exceptions.RayTaskError, match="export_hf"):
+        ray.get(rank.update_weights.remote(order), timeout=60)
+    ray.get(rank.save.remote(0), timeout=60)
+    assert ray.get(rank.heartbeat.remote(), timeout=30)["bump_count"] >= 0
+    actor, _ = _processes(rank)
+    assert not any("libtorch_cpu" in m.path for m in actor.memory_maps()), "a call pulled torch into the actor"
 
 
 @pytest.mark.parametrize("mode", ["sigkill", "exit", "segfault"])

@@ -43,25 +43,36 @@ log = logging.getLogger(__name__)
 PR_SET_PDEATHSIG = 1  # prctl option: the signal the kernel sends this process when its parent dies
 
 
+# Errors that travel to the actor as themselves: unpickling one imports its class's module there, and
+# the actor does without torch (an import of it would hold the actor's GIL for seconds, stalling the
+# heartbeats it serves). Any other error travels as a RuntimeError that names its type.
+LIGHT_ERROR_MODULES = ("builtins", "ftexp.errors")
+
+
 def answer(conn: Connection, work: Callable[[], Any]) -> None:
     """Run ``work`` and send ``("ok", result)``, or ``("error", exception)`` with the traceback as a note."""
     try:
         reply: tuple[str, Any] = ("ok", work())
     except Exception as e:
         e.add_note("in the rank's process:\n" + "".join(traceback.format_exception(e)).rstrip())
-        reply = ("error", _picklable(e))
+        reply = ("error", _sendable(e))
     try:
         conn.send(reply)
     except (pickle.PicklingError, TypeError, AttributeError) as e:  # a result that does not pickle
         conn.send(("error", RuntimeError(f"the rank's answer could not be sent: {e}")))
 
 
-def _picklable(error: Exception) -> Exception:
-    try:
-        pickle.loads(pickle.dumps(error))
-        return error
-    except Exception:
-        return RuntimeError(f"{type(error).__name__}: {error}\n" + "\n".join(getattr(error, "__notes__", [])))
+def _sendable(error: Exception) -> Exception:
+    """``error`` itself if the actor can take it lightly, else a RuntimeError naming its type, message and notes."""
+    if type(error).__module__ in LIGHT_ERROR_MODULES:
+        try:
+            pickle.loads(pickle.dumps(error))
+            return error
+        except Exception:
+            pass
+    kind = type(error).__qualname__ if type(error).__module__ == "builtins" \
+        else f"{type(error).__module__}.{type(error).__qualname__}"
+    return RuntimeError(f"{kind}: {error}\n" + "\n".join(getattr(error, "__notes__", [])))
 
 
 def die_with_parent(parent_pid: int) -> None:

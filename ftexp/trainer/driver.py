@@ -32,7 +32,7 @@ from ftexp.engines.registry import get_engine
 from ftexp.faults.nodes import NodeFiles
 from ftexp.faults.plan import NegativeControl, TestActionKind
 from ftexp.job import JobSpec
-from ftexp.trainer.cell_rank import CellRank
+from ftexp.trainer.cell_rank import RankHandle, host_ranks
 from ftexp.trainer.checkpoint import resume_event, start_event_log
 from ftexp.trainer.group import TrainGroup
 from ftexp.trainer.local_ray import start_local_ray
@@ -88,8 +88,8 @@ class StepWatchdog:
                           self.deadline_s, self.group.waiting_on or "nothing (between calls)", states)
                 sys.stdout.flush()
                 for cell in self.group.cells:  # a frozen actor would outlive us otherwise
-                    for actor in cell.actors:
-                        ray.kill(actor, no_restart=True)
+                    for rank in cell.ranks:
+                        rank.kill()
                 os._exit(3)
 
 
@@ -179,11 +179,15 @@ def run_ft_driver(spec: JobSpec) -> None:
     store_addr = store.address
     placer = CellPlacer(spec.placement, events) if spec.placement is not None else None
 
-    def make_rank(c: int, r: int, inc: int):
-        options = placer.options(c, r, inc) if placer is not None else {}
-        return CellRank.options(**options).remote(spec, c, r, store_addr, inc)
+    def make_ranks(c: int | None, inc: int) -> list[RankHandle]:
+        """One actor per node for cell ``c``'s ranks there (a spare, ``c`` None, is on the one node)."""
+        if placer is None:
+            return host_ranks(spec, c, list(range(ranks)), store_addr, inc)
+        handles = [handle for node_ranks, options in placer.actors_of(c, inc)
+                   for handle in host_ranks(spec, c, node_ranks, store_addr, inc, **options)]
+        return sorted(handles, key=lambda h: h.rank)
 
-    group = TrainGroup(spec.num_cells, ranks, make_rank, events, spec.trainer, witness)
+    group = TrainGroup(spec.num_cells, ranks, make_ranks, events, spec.trainer, witness)
     if placer is not None:
         group.on_allocated = placer.log_placement
     plane = watchdog = None

@@ -75,17 +75,18 @@ class Commit:
 
 
 class TrainGroup:
-    def __init__(self, num_cells: int, ranks_per_cell: int, make_rank, events: EventLogger, trainer_cfg,
+    def __init__(self, num_cells: int, ranks_per_cell: int, make_ranks, events: EventLogger, trainer_cfg,
                  witness_allocator: WitnessIdAllocator | None = None):
         self.events = events
         self.cfg = trainer_cfg
         self.witness_allocator = witness_allocator
         self.quorum_id = 0
-        # make_rank(cell index, rank within cell, incarnation) -> a Ray actor handle; a spare's ranks
+        # make_ranks(cell index, incarnation) -> one handle per rank of the cell, called like Ray actors
+        # (``ftexp.trainer.cell_rank.RankHandle``); a spare's ranks
         # are made with cell index None and the spare's number in place of the incarnation.
-        self.make_rank, self.ranks_per_cell = make_rank, ranks_per_cell
+        self.make_ranks, self.ranks_per_cell = make_ranks, ranks_per_cell
         self.spares = SparePool(trainer_cfg.spare_cells,
-                                lambda n: [make_rank(None, r, n) for r in range(ranks_per_cell)])
+                                lambda n: make_ranks(None, n))
         self._spare_taken: dict[int, int] = {}  # cell -> the incarnation that took a warm spare's ranks
         self.cells = [Cell(i, self._ranks_for) for i in range(num_cells)]
         self.health = None  # set by the control plane: the healed cells' checkers pause around a heal
@@ -131,7 +132,7 @@ class TrainGroup:
         """A cell's next ranks: a warm spare's if the pool has one, else new actors."""
         ranks = self.spares.take()
         if ranks is None:
-            return [self.make_rank(cell_index, r, incarnation) for r in range(self.ranks_per_cell)]
+            return self.make_ranks(cell_index, incarnation)
         self._spare_taken[cell_index] = incarnation
         log.info("cell %d (incarnation %d) takes a warm spare", cell_index, incarnation)
         return ranks

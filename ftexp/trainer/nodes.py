@@ -1,8 +1,9 @@
 """The driver's view of a multi-node Ray cluster: which nodes are up, where each cell runs, node faults.
 
-Each cell incarnation gets one placement group whose bundle r asks for rank r's node resource
-(``node<i>``, see ``ftexp.placement``), so the layout the launcher planned is the one Ray enforces.
-After a cell is allocated the driver asks each of its actors which node it landed on and logs a
+Each cell incarnation gets one placement group with a bundle per node its ranks are planned on,
+asking for that node's resource (``node<i>``, see ``ftexp.placement``); the actor hosting the cell's
+ranks on that node takes the bundle, so the layout the launcher planned is the one Ray enforces.
+After a cell is allocated the driver asks each of its ranks which node it landed on and logs a
 ``CellPlacementEvent``. A planned ``restore_node_at_end`` asks the node's supervisor to bring the
 node back, waits until Ray sees it alive, logs a ``NodeStateEvent`` and starts the node's cells,
 which the next refresh heals.
@@ -67,23 +68,25 @@ class CellPlacer:
 
     def __init__(self, placement: Placement, events: EventLogger):
         self.placement, self.events = placement, events
-        self.groups: dict[int, tuple[int, object]] = {}  # cell -> (incarnation, placement group)
+        self.groups: dict[int, object] = {}  # cell -> its current incarnation's placement group
 
-    def options(self, cell: int, rank: int, incarnation: int) -> dict:
-        """The ``.options(...)`` that put rank ``rank`` of this incarnation of ``cell`` on its node."""
-        current = self.groups.get(cell)
-        if current is None or current[0] != incarnation:
-            if current is not None:
-                remove_placement_group(current[1])  # the previous incarnation's actors are dead already
-            bundles = [{node_resource(n): 1} for n in self.placement.rank_nodes[cell]]
-            group = placement_group(bundles, strategy="PACK", name=f"cell{cell}_inc{incarnation}")
-            self.groups[cell] = current = (incarnation, group)
-        return {"scheduling_strategy": PlacementGroupSchedulingStrategy(current[1],
-                                                                         placement_group_bundle_index=rank)}
+    def actors_of(self, cell: int, incarnation: int) -> list[tuple[list[int], dict]]:
+        """This incarnation of ``cell``'s actors, one per node it spans: the ranks each hosts, and the
+        ``.options(...)`` that put it on their node."""
+        if cell in self.groups:
+            remove_placement_group(self.groups[cell])  # the previous incarnation's actors are dead already
+        rank_nodes = self.placement.rank_nodes[cell]
+        nodes = sorted(set(rank_nodes))
+        group = placement_group([{node_resource(n): 1} for n in nodes], strategy="PACK",
+                                name=f"cell{cell}_inc{incarnation}")
+        self.groups[cell] = group
+        return [([r for r, n in enumerate(rank_nodes) if n == node],
+                 {"scheduling_strategy": PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=i)})
+                for i, node in enumerate(nodes)]
 
     def log_placement(self, cell) -> None:
         """Ask each rank of a just-allocated cell where it runs; log it (and complain if not where planned)."""
-        where = ray.get([a.__ray_call__.remote(node_of_this_process) for a in cell.actors])
+        where = ray.get([a.actor.__ray_call__.remote(node_of_this_process) for a in cell.ranks])
         nodes = [n for n, _ in where]
         planned = list(self.placement.rank_nodes[cell.index])
         self.events.log(CellPlacementEvent(cell_index=cell.index, incarnation=cell.incarnation, rank_nodes=nodes,
@@ -93,7 +96,7 @@ class CellPlacer:
             log.error("cell %d runs on nodes %s, planned %s", cell.index, nodes, planned)
 
     def shutdown(self) -> None:
-        for _, group in self.groups.values():
+        for group in self.groups.values():
             remove_placement_group(group)
         self.groups = {}
 

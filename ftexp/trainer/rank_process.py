@@ -3,8 +3,9 @@
 Why a second process: a Ray actor with concurrency groups runs its methods on a pool thread, while
 its main thread wakes every 10 ms to check for signals and takes the GIL each time. A training step
 on that pool thread is preempted more and runs measurably slower than the same step in a plain
-process. So the actor (``ftexp.trainer.cell_rank``) is only the rank's address and supervisor: it
-starts this process, forwards each call to it, and the process that trains has no Ray inside.
+process. So the actor (``ftexp.trainer.cell_rank``, one for a cell's ranks on a node) is only the
+ranks' address and supervisor: it starts one such process per rank, forwards each call to its rank's,
+and the processes that train have no Ray inside.
 
 Three pipes, each a request/answer channel served by one thread of the rank's process:
 
@@ -15,12 +16,13 @@ Three pipes, each a request/answer channel served by one thread of the rank's pr
   not hold them up;
 - ``faults``: the fault to inject, run by the control thread in the process that trains (no answer).
 
-The two processes die together. The rank's process gets SIGKILL from the kernel when its actor dies
-(parent-death signal: it works even while the process is frozen). The actor's keeper thread waits
-for the rank's process and, once it has ended, ends the actor too (SIGKILL, or the same exit code):
-Ray then reports the rank's death as it always did, and lifelines, the death watch and the control
-plane see no difference. An actor's call whose answer the death cut off waits for that end instead
-of raising.
+The actor and its ranks' processes die together. A rank's process gets SIGKILL from the kernel when
+its actor dies (parent-death signal: it works even while the process is frozen). The actor's keeper
+thread for each rank waits for that rank's process and, once it has ended, ends the actor too
+(SIGKILL, or the same exit code), and with it the other ranks' processes: Ray then reports the death
+of the actor's ranks, and lifelines, the death watch and the control plane see a dead cell as they
+would see it with an actor per rank. An actor's call whose answer the death cut off waits for that
+end instead of raising.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from typing import Any, Callable
 
 log = logging.getLogger(__name__)
 PR_SET_PDEATHSIG = 1  # prctl option: the signal the kernel sends this process when its parent dies
+RANKS_IN_ACTOR_ENV = "FTEXP_RANKS_IN_ACTOR"  # how many rank processes the parent actor hosts
 
 
 # Errors that travel to the actor as themselves: unpickling one imports its class's module there, and
@@ -84,11 +87,13 @@ def die_with_parent(parent_pid: int) -> None:
 
 
 def rank_cpu_seconds() -> float:
-    """CPU seconds of the rank so far: this process's and its actor's (the parent's), which the rank costs too."""
+    """CPU seconds of the rank so far: this process's and its share of its actor's (the parent's, split evenly
+    among the ranks it hosts), which the rank costs too."""
     with open(f"/proc/{os.getppid()}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
     utime, stime = int(fields[11]), int(fields[12])  # the stat file's 14th and 15th fields, in clock ticks
-    return time.process_time() + (utime + stime) / os.sysconf("SC_CLK_TCK")
+    actor_share = (utime + stime) / os.sysconf("SC_CLK_TCK") / int(os.environ.get(RANKS_IN_ACTOR_ENV, "1"))
+    return time.process_time() + actor_share
 
 
 def child_connections(argv: list[str]) -> tuple[int, list[Connection]]:
@@ -98,9 +103,11 @@ def child_connections(argv: list[str]) -> tuple[int, list[Connection]]:
 
 
 class RankProcess:
-    """The actor's side: starts the rank's process, forwards calls to it, and ends the actor when it ends."""
+    """The actor's side: starts the rank's process, forwards calls to it, and ends the actor when it ends.
+    ``ranks_in_actor``: how many rank processes the actor hosts, this one included."""
 
-    def __init__(self, build_args: tuple):
+    def __init__(self, ranks_in_actor: int = 1):
+        self.ranks_in_actor = ranks_in_actor
         ends = [Pipe() for _ in range(3)]
         self.calls, self.control, self.faults = (mine for mine, _ in ends)
         self._control_lock = threading.Lock()
@@ -112,13 +119,17 @@ class RankProcess:
         started.wait()
         for t in theirs:
             t.close()
+
+    def build(self, *build_args: Any) -> None:
+        """The first call: the rank builds (``ftexp.trainer.rank.Rank``'s arguments)."""
         self.call("__build__", *build_args)
 
     def _keep(self, theirs: list[Connection], started: threading.Event) -> None:
         fds = [t.fileno() for t in theirs]
         package_root = str(Path(__file__).resolve().parents[2])  # where ``ftexp`` is importable from
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])),
-                   PYTHONUNBUFFERED="1")  # its log lines reach the actor's log as they are written
+                   PYTHONUNBUFFERED="1",  # its log lines reach the actor's log as they are written
+                   **{RANKS_IN_ACTOR_ENV: str(self.ranks_in_actor)})
         process = subprocess.Popen(
             [sys.executable, "-c", "import sys; from ftexp.trainer.rank import serve; serve(sys.argv[1:])",
              str(os.getpid()), *map(str, fds)], pass_fds=fds, env=env)

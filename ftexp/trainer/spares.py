@@ -55,4 +55,4 @@ class SparePool:
 
 def _kill(ranks: list[Any]) -> None:
     for rank in ranks:
-        ray.kill(rank, no_restart=True)
+        rank.kill()

@@ -1,7 +1,8 @@
 """Cell lifecycle and group refresh rules against real Ray actors.
 
-The actors here are scripted stand-ins for a cell's ranks (they answer init/reconfigure/train as
-told); the real CellRank runs in the end-to-end scenario tests.
+The actors here are scripted stand-ins for an actor hosting one rank of a cell (they answer
+init/reconfigure/train as told), reached through rank handles as the real ones are; the real
+CellRanks runs in the end-to-end scenario tests.
 """
 
 import os
@@ -15,12 +16,15 @@ from ftexp.audit.events import (CellLifecycleEvent, CellReconfigureEvent, EventL
                                 TrainGroupStepEndEvent, read_events)
 from ftexp.config import TrainerConfig
 from ftexp.trainer.cell import Cell, CellState
+from ftexp.trainer.cell_rank import RankHandle
 from ftexp.trainer.local_ray import start_local_ray
 from ftexp.trainer.group import RetryableStepError, TrainGroup
 
 
 @ray.remote(num_cpus=0, max_restarts=0, concurrency_groups={"heartbeat": 1, "lifeline": 1})
 class ScriptedRank:
+    """Hosts one rank: every call names it (``rank``), as it names one rank of a ``CellRanks`` actor."""
+
     def __init__(self, cell_index: int, train: str = "normal"):
         # train: "normal"; "fail" (the cell dies mid-step); "collective" (block as in a cross-cell
         # collective with a peer in attempt 0, until the driver releases it); "discard_once" (its first
@@ -31,23 +35,23 @@ class ScriptedRank:
         self.released = threading.Event()
         self.discarded = False
 
-    def ping(self):
+    def ping(self, rank):
         return True
 
     @ray.method(concurrency_group="lifeline")
-    def lifeline(self):
+    def lifeline(self, rank):
         threading.Event().wait()
 
-    def init(self, info, load_rollout_id, recv_src_rank):
+    def init(self, rank, info, load_rollout_id, recv_src_rank):
         self.calls.append(("init", info.quorum_id, recv_src_rank))
         return {"ok": True, "configure_s": 0.0, "transfer_wait_s": 0.0, "transfer_s": 0.0, "load_s": 0.0, "bytes": 0,
                 "last_rollout_id": -1}
 
-    def reconfigure(self, info, send_to):
+    def reconfigure(self, rank, info, send_to):
         self.calls.append(("reconfigure", info.quorum_id, list(send_to)))
         return {"ok": True, "configure_s": 0.0, "transfer_wait_s": 0.0, "load_s": 0.0, "bytes": 100 * len(send_to)}
 
-    def train(self, rollout_ids, attempt, witness):
+    def train(self, rank, rollout_ids, attempt, witness):
         """As CellRank: the run's rollouts in order, stopping after the first that does not commit."""
         self.runs.append((list(rollout_ids), attempt))
         trained, mark = [], time.perf_counter()
@@ -74,24 +78,24 @@ class ScriptedRank:
         return "normal"
 
     @ray.method(concurrency_group="heartbeat")
-    def release_collectives(self, quorum_id):
+    def release_collectives(self, rank, quorum_id):
         self.calls.append(("release", quorum_id))
         self.released.set()
 
-    def get_calls(self):
+    def get_calls(self, rank):
         return self.calls
 
-    def get_runs(self):
+    def get_runs(self, rank):
         return self.runs
 
-    def fail(self):
+    def fail(self, rank):
         raise RuntimeError("scripted failure")
 
-    def block(self):
+    def block(self, rank):
         time.sleep(600)  # a rank stuck in a collective with a dead peer
 
     @ray.method(concurrency_group="heartbeat")
-    def exit(self):
+    def exit(self, rank):
         os._exit(1)  # the process dies between the driver's calls
 
 
@@ -103,7 +107,12 @@ def local_ray():
 
 
 def _cell(index=0, ranks=1):
-    return Cell(index, lambda c, incarnation: [ScriptedRank.remote(c) for _ in range(ranks)])
+    return Cell(index, lambda c, incarnation: [RankHandle(ScriptedRank.remote(c), r) for r in range(ranks)])
+
+
+def _scripted(cell_index, behaviour="normal"):
+    """A one-rank cell's ranks: a scripted actor's handle for rank 0."""
+    return [RankHandle(ScriptedRank.remote(cell_index, behaviour), 0)]
 
 
 def test_cell_transitions_and_no_ops():
@@ -121,10 +130,10 @@ def test_cell_transitions_and_no_ops():
     assert cell.state == CellState.STOPPED
     with pytest.raises(AssertionError):
         cell.allocate()
-    stopped = cell.actors
+    stopped = cell.ranks
     cell.start()  # the next incarnation's actors start at once; the cell is Pending until a refresh allocates it
-    assert cell.state == CellState.PENDING and cell.actors and cell.actors != stopped
-    assert ray.get(cell.actors[0].ping.remote(), timeout=30)
+    assert cell.state == CellState.PENDING and cell.ranks and cell.ranks != stopped
+    assert ray.get(cell.ranks[0].ping.remote(), timeout=30)
     cell.allocate()
     assert cell.state == CellState.ALLOCATED and cell.incarnation == 2
     cell.stop()
@@ -136,14 +145,14 @@ def test_failed_call_ends_stopped_with_dead_actors():
     with pytest.raises(Exception):
         cell.execute("fail")
     assert cell.state == CellState.STOPPED
-    assert cell.actors  # the handles are kept, and confirmed dead:
+    assert cell.ranks  # the handles are kept, and confirmed dead:
     with pytest.raises(ray.exceptions.RayActorError):
-        ray.get(cell.actors[0].ping.remote(), timeout=10)
+        ray.get(cell.ranks[0].ping.remote(), timeout=10)
 
 
 def test_incarnation_counts_allocations():
     seen = []
-    cell = Cell(0, lambda c, incarnation: seen.append(incarnation) or [ScriptedRank.remote(c)])
+    cell = Cell(0, lambda c, incarnation: seen.append(incarnation) or _scripted(c))
     cell.allocate()
     cell.stop()
     cell.start()
@@ -158,7 +167,7 @@ def test_a_failing_rank_fails_its_cell_without_waiting_for_blocked_peers():
     cell.allocate()
     started = time.monotonic()
     with pytest.raises(ray.exceptions.RayTaskError):
-        cell.collect([cell.actors[0].block.remote(), cell.actors[1].fail.remote()])
+        cell.collect([cell.ranks[0].block.remote(), cell.ranks[1].fail.remote()])
     assert time.monotonic() - started < 60
     assert cell.state == CellState.STOPPED
 
@@ -177,7 +186,7 @@ def shut_groups_down():
 def _group(tmp_path, n=3, behaviour=None, **trainer):
     events = EventLogger(tmp_path / "events", ProcessIdentity(component="main"))
     behaviour = behaviour or {}
-    group = TrainGroup(n, 1, lambda c, r, incarnation: ScriptedRank.remote(c, behaviour.get(c, "normal")), events,
+    group = TrainGroup(n, 1, lambda c, incarnation: _scripted(c, behaviour.get(c, "normal")), events,
                        TrainerConfig(**{"retry_backoff_s": 0.01, **trainer}))
     _groups.append(group)
     group.init(load_rollout_id=None)
@@ -209,8 +218,8 @@ def test_stop_stop_start_bumps_quorum_each_time_and_heals_from_lowest_alive(tmp_
     assert group.quorum_id == 3
     assert (heal.src_cell_index, heal.healed_cell_indices, heal.alive_cell_indices_after) == (1, [0, 2], [0, 1, 2])
     # the source sends to each healed cell's alive rank; each healed cell receives from the source's
-    assert ray.get(group.cells[1].actors[0].get_calls.remote())[-1] == ("reconfigure", 3, [0, 2])
-    assert ray.get(group.cells[0].actors[0].get_calls.remote()) == [("init", 3, 1)]
+    assert ray.get(group.cells[1].ranks[0].get_calls.remote())[-1] == ("reconfigure", 3, [0, 2])
+    assert ray.get(group.cells[0].ranks[0].get_calls.remote()) == [("init", 3, 1)]
     assert group.refresh(4) is None  # a repeated refresh after a reconfigure is a no-op
 
 
@@ -227,7 +236,7 @@ def test_a_dead_cell_releases_its_peers_from_the_collective_at_once(tmp_path):
     """Cells 0 and 1 wait in a collective with cell 2, which dies: they are released at once, not at a timeout."""
     events = EventLogger(tmp_path / "events", ProcessIdentity(component="main"))
     behaviour = {0: "collective", 1: "collective", 2: "fail"}
-    group = TrainGroup(3, 1, lambda c, r, incarnation: ScriptedRank.remote(c, behaviour[c]), events, TrainerConfig())
+    group = TrainGroup(3, 1, lambda c, incarnation: _scripted(c, behaviour[c]), events, TrainerConfig())
     _groups.append(group)
     group.init(load_rollout_id=None)
     started = time.monotonic()
@@ -235,7 +244,7 @@ def test_a_dead_cell_releases_its_peers_from_the_collective_at_once(tmp_path):
         group._attempt([0], 0, time.monotonic())
     assert time.monotonic() - started < 30  # the scripted collective would wait 60 s
     for survivor in (0, 1):
-        assert ray.get(group.cells[survivor].actors[0].get_calls.remote())[-2:] == [("release", 0), ("released", 0)]
+        assert ray.get(group.cells[survivor].ranks[0].get_calls.remote())[-2:] == [("release", 0), ("released", 0)]
     [failed] = [e for e in read_events(tmp_path / "events") if isinstance(e, CellLifecycleEvent)]
     assert (failed.cell_index, failed.transition) == (2, "failed")
 
@@ -243,7 +252,7 @@ def test_a_dead_cell_releases_its_peers_from_the_collective_at_once(tmp_path):
 def test_a_cell_dying_between_calls_is_failed_at_once_and_its_peers_released(tmp_path):
     """No call is in flight: the death watch (the cell's lifeline) notices, not the next train call."""
     group = _group(tmp_path)
-    group.cells[2].actors[0].exit.remote()
+    group.cells[2].ranks[0].exit.remote()
     died = time.monotonic()
     while group.cells[2].state != CellState.STOPPED and time.monotonic() - died < 30:
         time.sleep(0.01)
@@ -253,7 +262,7 @@ def test_a_cell_dying_between_calls_is_failed_at_once_and_its_peers_released(tmp
     assert (failed.cell_index, failed.transition, failed.by) == (2, "failed", "ActorDiedError")
     for survivor in (0, 1):  # quorum 0 is released: a survivor entering a collective on it gives up at once
         # The release is fire-and-forget on the heartbeat group: it may land just after the cell stops.
-        assert _eventually_last_call(group.cells[survivor].actors[0]) == ("release", 0)
+        assert _eventually_last_call(group.cells[survivor].ranks[0]) == ("release", 0)
     group.train([1])
     assert _reconfigures(tmp_path) == [(1, [], [0, 1])]
 
@@ -286,7 +295,7 @@ def test_a_retry_after_a_lost_cell_starts_at_once(tmp_path):
     group.train([0])  # attempt 0: cell 2 dies, the others are released and discard; attempt 1 shrinks and commits
     assert time.monotonic() - started < 30  # no 60 s back-off
     assert _reconfigures(tmp_path) == [(1, [], [0, 1])]
-    assert ("train", 0, 1) in ray.get(group.cells[0].actors[0].get_calls.remote())
+    assert ("train", 0, 1) in ray.get(group.cells[0].ranks[0].get_calls.remote())
 
 
 def test_a_discarded_attempt_spends_its_quorum_and_backs_off(tmp_path):
@@ -297,7 +306,7 @@ def test_a_discarded_attempt_spends_its_quorum_and_backs_off(tmp_path):
     group.train([0])
     assert time.monotonic() - started >= 1.0
     assert _reconfigures(tmp_path) == [(1, [], [0, 1, 2])]
-    assert ray.get(group.cells[1].actors[0].get_calls.remote())[-2:] == [("reconfigure", 1, []), ("train", 0, 1)]
+    assert ray.get(group.cells[1].ranks[0].get_calls.remote())[-2:] == [("reconfigure", 1, []), ("train", 0, 1)]
     group.train([1])  # committed on quorum 1: nothing to change
     assert len(_reconfigures(tmp_path)) == 1
 
@@ -307,7 +316,7 @@ def test_a_restarted_cell_takes_a_warm_spare_and_the_pool_is_refilled(tmp_path):
     heal says so, and the next commit starts a replacement; a spare that died waiting is passed over."""
     made = []  # (cell index or None for a spare, incarnation or spare number, handle) per rank actor started
     events = EventLogger(tmp_path / "events", ProcessIdentity(component="main"))
-    group = TrainGroup(3, 1, lambda c, r, inc: made.append((c, inc, ScriptedRank.remote(c))) or made[-1][2], events,
+    group = TrainGroup(3, 1, lambda c, inc: made.append((c, inc, *_scripted(c))) or [made[-1][2]], events,
                        TrainerConfig(retry_backoff_s=0.01, spare_cells=1))
     _groups.append(group)
     group.init(load_rollout_id=None)
@@ -316,7 +325,7 @@ def test_a_restarted_cell_takes_a_warm_spare_and_the_pool_is_refilled(tmp_path):
     assert ray.get(spare.ping.remote(), timeout=30)
     group.stop_cell(2, by="test")
     group.start_cell(2, by="test")
-    assert len(made) == 4 and group.cells[2].actors == [spare] and group.cells[2].incarnation == 2
+    assert len(made) == 4 and group.cells[2].ranks == [spare] and group.cells[2].incarnation == 2
     heal = group.refresh(1)
     assert (heal.healed_cell_indices, heal.spare_cell_indices) == ([2], [2])
     assert ray.get(spare.get_calls.remote())[0] == ("init", 1, 0)  # the spare's rank was healed from cell 0
@@ -327,7 +336,7 @@ def test_a_restarted_cell_takes_a_warm_spare_and_the_pool_is_refilled(tmp_path):
     replacement = made[-1][2]
 
     ray.get(replacement.ping.remote(), timeout=30)
-    ray.kill(replacement, no_restart=True)  # the spare dies while waiting
+    replacement.kill()  # the spare dies while waiting
     _wait_until_dead(replacement)
     group.stop_cell(1, by="test")
     group.start_cell(1, by="test")
@@ -344,7 +353,7 @@ def test_a_restarted_cell_takes_a_warm_spare_and_the_pool_is_refilled(tmp_path):
 def test_without_spares_a_restarted_cell_starts_new_ranks(tmp_path):
     made = []
     events = EventLogger(tmp_path / "events", ProcessIdentity(component="main"))
-    group = TrainGroup(2, 1, lambda c, r, inc: made.append((c, inc)) or ScriptedRank.remote(c), events,
+    group = TrainGroup(2, 1, lambda c, inc: made.append((c, inc)) or _scripted(c), events,
                        TrainerConfig(retry_backoff_s=0.01))
     _groups.append(group)
     group.init(load_rollout_id=None)
@@ -367,7 +376,7 @@ def test_a_run_of_rollouts_trains_in_one_call_per_rank(tmp_path):
     assert [(c.rollout_id, c.attempt) for c in commits] == _commits(tmp_path) == [(0, 0), (1, 0), (2, 0)]
     assert all(c.metrics == {"train/loss": 0.0} and c.step_s > 0 for c in commits), commits
     for cell in group.cells:
-        assert ray.get(cell.actors[0].get_runs.remote()) == [([0, 1, 2], 0)]
+        assert ray.get(cell.ranks[0].get_runs.remote()) == [([0, 1, 2], 0)]
     assert not _reconfigures(tmp_path)
 
 
@@ -380,9 +389,9 @@ def test_a_rollout_that_does_not_commit_ends_the_attempt_and_the_rest_of_the_run
     commits = group.train([0, 1, 2])
     assert time.monotonic() - started < 30  # no back-off either: the run got on
     assert [(c.rollout_id, c.attempt) for c in commits] == _commits(tmp_path) == [(0, 0), (1, 1), (2, 1)]
-    assert ray.get(group.cells[0].actors[0].get_runs.remote()) == [([0, 1, 2], 0), ([1, 2], 1)]
-    assert ("released", 2) in ray.get(group.cells[0].actors[0].get_calls.remote())
-    assert ray.get(group.cells[1].actors[0].get_runs.remote()) == [([0, 1, 2], 0), ([1, 2], 1)]
+    assert ray.get(group.cells[0].ranks[0].get_runs.remote()) == [([0, 1, 2], 0), ([1, 2], 1)]
+    assert ("released", 2) in ray.get(group.cells[0].ranks[0].get_calls.remote())
+    assert ray.get(group.cells[1].ranks[0].get_runs.remote()) == [([0, 1, 2], 0), ([1, 2], 1)]
     assert _reconfigures(tmp_path) == [(1, [], [0, 1])]  # the discarded attempt spent quorum 0
 
 

@@ -1,6 +1,6 @@
 """A cell lost during a heal: the survivors leave the new quorum's rendezvous at once, and the retry heals.
 
-Real CellRank actors (torch engine, one rank per cell) on a real TCPStore: cells 0 and 1 are
+Real CellRanks actors (torch engine, one rank per cell) on a real TCPStore: cells 0 and 1 are
 alive, cell 2 is healed from cell 0, and cell 1 freezes just before the reconfigure, so cells 0
 and 2 sit in quorum 1's rendezvous waiting for it. The control plane would then suspend cell 1;
 the test does so by hand and measures how long the survivors take to come back.
@@ -19,7 +19,7 @@ from ftexp.faults.plan import FaultPlan
 from ftexp.job import JobSpec
 from ftexp.rundir import SideDir
 from ftexp.trainer.cell import CellState
-from ftexp.trainer.cell_rank import CellRank
+from ftexp.trainer.cell_rank import host_ranks
 from ftexp.trainer.local_ray import start_local_ray
 from ftexp.trainer.group import RetryableStepError, TrainGroup
 from ftexp.store import LoopbackStore
@@ -42,7 +42,7 @@ def _group(tmp_path) -> TrainGroup:
                    mode=ModeConfig(name="dp3", num_cells=3), num_rollout=1, plan=FaultPlan([], 3))
     store = LoopbackStore()
     events = EventLogger(spec.side_dir.events, ProcessIdentity(component="main"))
-    group = TrainGroup(3, 1, lambda c, r, inc: CellRank.remote(spec, c, r, store.address, inc), events, spec.trainer)
+    group = TrainGroup(3, 1, lambda c, inc: host_ranks(spec, c, [0], store.address, inc), events, spec.trainer)
     group.store = store  # keep the rendezvous store alive as long as the group
     group.init(load_rollout_id=None)
     return group
@@ -70,8 +70,8 @@ def test_a_cell_lost_mid_heal_releases_the_survivors_at_once_and_the_retry_heals
         group.stop_cell(2, by="test")
         group.start_cell(2, by="test")  # cell 2 pending: the next refresh heals it from cell 0
         healing_incarnation = group.cells[2].incarnation
-        group.cells[1].actors[0].inject_fault.remote("deadlock")
-        assert _freezes(group.cells[1].actors[0])  # it will never join quorum 1
+        group.cells[1].ranks[0].inject_fault.remote("deadlock")
+        assert _freezes(group.cells[1].ranks[0])  # it will never join quorum 1
 
         suspended_at = []
 
@@ -126,8 +126,8 @@ def test_the_control_plane_finds_a_cell_that_freezes_before_a_heal_and_the_heal_
     try:
         group.stop_cell(2, by="test")
         group.start_cell(2, by="test")
-        group.cells[1].actors[0].inject_fault.remote("deadlock")
-        assert _freezes(group.cells[1].actors[0])
+        group.cells[1].ranks[0].inject_fault.remote("deadlock")
+        assert _freezes(group.cells[1].ranks[0])
 
         outcome = []
 

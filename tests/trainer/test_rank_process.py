@@ -1,8 +1,9 @@
 """A rank's actor and the plain process that trains for it live and die together.
 
-Real CellRank actors (torch engine, one rank) on a local Ray: the rank's replica is in a child
-process of the actor, with no Ray inside; a call's error comes back as itself; the actor ends when
-the rank's process does, whatever killed it, and the rank's process ends when its actor does.
+Real CellRanks actors (torch engine) on a local Ray: the rank's replica is in a child process of the
+actor, with no Ray inside; a call's error comes back as itself; the actor ends when the rank's
+process does, whatever killed it, and the rank's process ends when its actor does. An actor hosting
+two ranks trains each beside the other, and one rank's death ends both.
 """
 
 import os
@@ -20,7 +21,7 @@ from ftexp.errors import RunDirError
 from ftexp.rundir import SideDir
 from ftexp.store import LoopbackStore
 from ftexp.trainer.quorum import IndepDPInfo
-from ftexp.trainer.cell_rank import CellRank
+from ftexp.trainer.cell_rank import host_ranks
 from ftexp.trainer.rank_process import answer
 from ftexp.trainer.local_ray import start_local_ray
 from ftexp.trainer.weight_order import WeightPush
@@ -35,23 +36,34 @@ def local_ray():
     ray.shutdown()
 
 
-@pytest.fixture
-def rank(tmp_path):
+def _ranks(tmp_path, ranks: list[int]):
+    """Handles for ``ranks``, hosted by one actor (torch engine: each rank builds a replica of its own)."""
     spec = JobSpec(side="target", phase="", side_dir=SideDir(tmp_path), data_dir=tmp_path / "data",
                    trainer=TrainerConfig(engine=Engine.torch, enable_witness=False),
                    mode=ModeConfig(name="dp1", num_cells=1), num_rollout=1, plan=FaultPlan([], 1))
     store = LoopbackStore()
-    actor = CellRank.remote(spec, 0, 0, store.address, 0)
-    ray.get(actor.ping.remote(), timeout=120)
-    yield actor
-    ray.kill(actor, no_restart=True)
+    handles = host_ranks(spec, 0, ranks, store.address, 0)
+    ray.get([h.ping.remote() for h in handles], timeout=120)
+    return handles
 
 
-def _processes(actor) -> tuple[psutil.Process, psutil.Process]:
-    """The actor's process and the rank's process (its only child running ``ftexp.trainer.rank``)."""
-    actor_pid = ray.get(actor.__ray_call__.remote(lambda _: os.getpid()))
+@pytest.fixture
+def rank(tmp_path):
+    [handle] = _ranks(tmp_path, [0])
+    yield handle
+    handle.kill()
+
+
+def _actor_and_children(handle) -> tuple[psutil.Process, list[psutil.Process]]:
+    """The actor's process and its ranks' processes (its children running ``ftexp.trainer.rank``)."""
+    actor_pid = ray.get(handle.actor.__ray_call__.remote(lambda _: os.getpid()))
     parent = psutil.Process(actor_pid)
-    [child] = [p for p in parent.children() if "ftexp.trainer.rank" in " ".join(p.cmdline())]
+    return parent, [p for p in parent.children() if "ftexp.trainer.rank" in " ".join(p.cmdline())]
+
+
+def _processes(handle) -> tuple[psutil.Process, psutil.Process]:
+    """The actor's process and the rank's process (its only child running ``ftexp.trainer.rank``)."""
+    parent, [child] = _actor_and_children(handle)
     return parent, child
 
 
@@ -61,6 +73,20 @@ def _dead(process: psutil.Process, within_s: float = DIES_WITHIN_S) -> bool:
         return True
     except psutil.TimeoutExpired:
         return False
+
+
+def _stops_answering(handle, within_s: float = DIES_WITHIN_S, call=None) -> bool:
+    """Whether the rank stops answering ``call`` (its heartbeat by default) within ``within_s`` (an injected
+    fault lands when the rank's control thread gets the GIL: on a loaded machine, after a few more answers)."""
+    call = call or handle.heartbeat.remote
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get(call(), timeout=1.0)
+        except ray.exceptions.GetTimeoutError:
+            return True
+        time.sleep(0.1)
+    return False
 
 
 def test_the_replica_lives_in_a_child_process_without_ray(rank):
@@ -139,16 +165,30 @@ def test_the_actor_dies_with_its_rank_process(rank, mode):
 def test_a_frozen_rank_process_answers_no_heartbeat_and_dies_with_its_actor(rank):
     actor, child = _processes(rank)
     rank.inject_fault.remote("deadlock")
-    deadline = time.monotonic() + DIES_WITHIN_S
-    while time.monotonic() < deadline:
-        try:
-            ray.get(rank.heartbeat.remote(), timeout=1.0)
-        except ray.exceptions.GetTimeoutError:
-            break
-        time.sleep(0.1)
-    else:
-        pytest.fail("the frozen rank's heartbeat kept answering")
+    assert _stops_answering(rank), "the frozen rank's heartbeat kept answering"
     assert child.is_running() and actor.is_running()
-    ray.kill(rank, no_restart=True)
+    rank.kill()
     assert _dead(actor)
     assert _dead(child), "the frozen rank's process outlived its actor"
+
+
+def test_an_actor_hosting_two_ranks_serves_each_beside_the_other_and_dies_with_either(tmp_path):
+    first, second = handles = _ranks(tmp_path, [0, 1])
+    try:
+        actor, children = _actor_and_children(first)
+        assert len(children) == 2 and second.actor == first.actor
+        assert [set(beat) for beat in ray.get([h.heartbeat.remote() for h in handles], timeout=30)] == \
+            [{"last_active_timestamp", "bump_count"}] * 2
+        # Rank 0 frozen in a call holds one of the actor's training threads; rank 1's calls go on.
+        first.inject_fault.remote("deadlock")
+        assert _stops_answering(first, call=lambda: first.save.remote(0))
+        ray.get(second.save.remote(0), timeout=60)
+        lifelines = [h.lifeline.remote() for h in handles]
+        second.inject_fault.remote("exit")
+        assert _dead(actor), "the actor outlived one of its ranks' processes"
+        assert all(_dead(child) for child in children), "a rank's process outlived its actor"
+        for lifeline in lifelines:
+            with pytest.raises(ray.exceptions.RayActorError):
+                ray.get(lifeline, timeout=DIES_WITHIN_S)
+    finally:
+        first.kill()

@@ -64,7 +64,7 @@ class Cell:
     def _create_ranks(self) -> None:
         self.incarnation += 1
         self.ranks = self.make_ranks(self.index, self.incarnation)
-        self.lifelines = [a.lifeline.remote() for a in self.ranks]
+        self.lifelines = [rank.lifeline.remote() for rank in self.ranks]
 
     def mark_alive(self, info: IndepDPInfo) -> None:
         self._expect(CellState.ALLOCATED, CellState.ALIVE)
@@ -94,7 +94,7 @@ class Cell:
 
     # ---- calls --------------------------------------------------------------------------------
     def submit(self, method: str, *args: Any, **kwargs: Any) -> list[ray.ObjectRef]:
-        return [getattr(a, method).remote(*args, **kwargs) for a in self.ranks]
+        return [getattr(rank, method).remote(*args, **kwargs) for rank in self.ranks]
 
     def collect(self, refs: list[ray.ObjectRef]) -> list[Any]:
         """Wait for every rank's result; on any failure: Errored → kill → confirm dead → re-raise."""

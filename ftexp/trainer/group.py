@@ -81,12 +81,11 @@ class TrainGroup:
         self.cfg = trainer_cfg
         self.witness_allocator = witness_allocator
         self.quorum_id = 0
-        # make_ranks(cell index, incarnation) -> one handle per rank of the cell, called like Ray actors
-        # (``ftexp.trainer.cell_rank.RankHandle``); a spare's ranks
-        # are made with cell index None and the spare's number in place of the incarnation.
+        # make_ranks(cell index, incarnation) -> one handle per rank of the cell, each called like a Ray actor
+        # (``ftexp.trainer.cell_rank.RankHandle``); a spare's ranks are made with cell index None and the
+        # spare's number in place of the incarnation.
         self.make_ranks, self.ranks_per_cell = make_ranks, ranks_per_cell
-        self.spares = SparePool(trainer_cfg.spare_cells,
-                                lambda n: make_ranks(None, n))
+        self.spares = SparePool(trainer_cfg.spare_cells, lambda n: make_ranks(None, n))
         self._spare_taken: dict[int, int] = {}  # cell -> the incarnation that took a warm spare's ranks
         self.cells = [Cell(i, self._ranks_for) for i in range(num_cells)]
         self.health = None  # set by the control plane: the healed cells' checkers pause around a heal

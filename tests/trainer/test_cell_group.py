@@ -52,7 +52,7 @@ class ScriptedRank:
         return {"ok": True, "configure_s": 0.0, "transfer_wait_s": 0.0, "load_s": 0.0, "bytes": 100 * len(send_to)}
 
     def train(self, rank, rollout_ids, attempt, witness):
-        """As CellRank: the run's rollouts in order, stopping after the first that does not commit."""
+        """As a CellRanks rank: the run's rollouts in order, stopping after the first that does not commit."""
         self.runs.append((list(rollout_ids), attempt))
         trained, mark = [], time.perf_counter()
         for rollout_id in rollout_ids:

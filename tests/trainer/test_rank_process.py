@@ -37,19 +37,20 @@ def local_ray():
 
 
 def _ranks(tmp_path, ranks: list[int]):
-    """Handles for ``ranks``, hosted by one actor (torch engine: each rank builds a replica of its own)."""
+    """Handles for ``ranks``, hosted by one actor (torch engine: each rank builds a replica of its own), and
+    the store they rendezvous on, which the caller keeps alive."""
     spec = JobSpec(side="target", phase="", side_dir=SideDir(tmp_path), data_dir=tmp_path / "data",
                    trainer=TrainerConfig(engine=Engine.torch, enable_witness=False),
                    mode=ModeConfig(name="dp1", num_cells=1), num_rollout=1, plan=FaultPlan([], 1))
     store = LoopbackStore()
     handles = host_ranks(spec, 0, ranks, store.address, 0)
     ray.get([h.ping.remote() for h in handles], timeout=120)
-    return handles
+    return handles, store
 
 
 @pytest.fixture
 def rank(tmp_path):
-    [handle] = _ranks(tmp_path, [0])
+    [handle], _store = _ranks(tmp_path, [0])  # the store lives as long as this frame: the test's length
     yield handle
     handle.kill()
 
@@ -173,7 +174,8 @@ def test_a_frozen_rank_process_answers_no_heartbeat_and_dies_with_its_actor(rank
 
 
 def test_an_actor_hosting_two_ranks_serves_each_beside_the_other_and_dies_with_either(tmp_path):
-    first, second = handles = _ranks(tmp_path, [0, 1])
+    handles, _store = _ranks(tmp_path, [0, 1])
+    first, second = handles
     try:
         actor, children = _actor_and_children(first)
         assert len(children) == 2 and second.actor == first.actor

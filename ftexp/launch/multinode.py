@@ -17,12 +17,14 @@ import time
 import ray
 import submitit
 
+from ftexp.engines.registry import get_engine
 from ftexp.faults.nodes import NodeFiles
 from ftexp.job import JobSpec
 from ftexp.launch.ray_cluster import ClusterError, node_ip, run_worker, start_head, wait_for_nodes
 from ftexp.rundir import BASELINE
 from ftexp.trainer.baseline import run_baseline
 from ftexp.trainer.driver import run_ft_driver
+from ftexp.trainer.rank_forkserver import rank_forkserver
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +78,7 @@ def run_replacement_node(spec: JobSpec, index: int) -> None:
                         format="[%(asctime)s] %(name)s: %(message)s", datefmt="%H:%M:%S")
     log.info("node%d (replacement): Slurm node %s", index, os.environ.get("SLURMD_NODENAME", "?"))
     run_worker(NodeFiles(spec.side_dir.cluster), index, node_ip(spec.cluster.loopback), num_cpus=2,
-               join_timeout_s=spec.cluster.join_timeout_s)
+               join_timeout_s=spec.cluster.join_timeout_s, preload=get_engine(spec.trainer.engine).preload_modules)
 
 
 def run_on_node(spec: JobSpec) -> None:
@@ -87,6 +89,7 @@ def run_on_node(spec: JobSpec) -> None:
     files = NodeFiles(spec.side_dir.cluster)
     cluster = spec.cluster
     ip = node_ip(cluster.loopback)
+    preload = get_engine(spec.trainer.engine).preload_modules  # what each node's rank fork server imports
     log.info("node%d of %d: Slurm node %s, address %s", node, tasks, os.environ.get("SLURMD_NODENAME", "?"), ip)
     if spec.side == BASELINE:
         run_baseline(spec, node, files, ip, cluster.join_timeout_s)
@@ -94,15 +97,17 @@ def run_on_node(spec: JobSpec) -> None:
         replacer = NodeReplacer(spec, files)
         try:
             t0 = time.monotonic()
-            start_head(files, ip, num_cpus=2)
-            wait_for_nodes(list(range(spec.nodes)), cluster.join_timeout_s)
-            log.info("ray cluster: all %d nodes up %.1f s after the head started", spec.nodes, time.monotonic() - t0)
-            replacer.start()
-            run_ft_driver(spec)
+            with rank_forkserver(preload):
+                start_head(files, ip, num_cpus=2)
+                wait_for_nodes(list(range(spec.nodes)), cluster.join_timeout_s)
+                log.info("ray cluster: all %d nodes up %.1f s after the head started", spec.nodes,
+                         time.monotonic() - t0)
+                replacer.start()
+                run_ft_driver(spec)
         finally:
             replacer.stop()
             files.finish()  # the worker nodes' supervisors (replacements too) end their nodes and return
             if ray.is_initialized():
                 ray.shutdown()
     else:
-        run_worker(files, node, ip, num_cpus=2, join_timeout_s=cluster.join_timeout_s)
+        run_worker(files, node, ip, num_cpus=2, join_timeout_s=cluster.join_timeout_s, preload=preload)

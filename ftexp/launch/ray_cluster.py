@@ -36,6 +36,7 @@ import psutil  # noqa: E402  (Ray's thirdparty_files, on sys.path once ray is im
 from ftexp.faults.nodes import NodeFiles
 from ftexp.placement import node_resource
 from ftexp.trainer.local_ray import start_local_ray
+from ftexp.trainer.rank_forkserver import rank_forkserver
 from ftexp.trainer.nodes import NODE_ENV, ClusterError, wait_for_nodes  # noqa: F401  (re-exported)
 
 log = logging.getLogger(__name__)
@@ -104,18 +105,20 @@ def start_head(files: NodeFiles, ip: str, num_cpus: int) -> str:
 
 
 class WorkerNode:
-    """One Ray worker node, started and ended by this process."""
+    """One Ray worker node, with its rank fork server (importing ``preload``), started and ended by this process."""
 
-    def __init__(self, index: int, gcs_address: str, ip: str, num_cpus: int):
-        self.index, self.gcs_address, self.ip, self.num_cpus = index, gcs_address, ip, num_cpus
+    def __init__(self, index: int, gcs_address: str, ip: str, num_cpus: int, preload: tuple[str, ...]):
+        self.index, self.gcs_address, self.ip, self.num_cpus, self.preload = index, gcs_address, ip, num_cpus, preload
         self.node = None
         self.socket_dir = None
+        self.forkserver = contextlib.ExitStack()
 
     def start(self) -> None:
         from ray._private.node import Node
         from ray._private.parameter import RayParams
 
         os.environ[NODE_ENV] = str(self.index)  # the raylet and every worker it starts inherit it
+        self.forkserver.enter_context(rank_forkserver(self.preload))  # its address too
         # Nodes on one machine share the session's sockets directory, where Ray names a node's plasma and
         # raylet sockets by the first index not yet bound: nodes starting together pick the same names and
         # all but one fail to bind (seen with 5 worker nodes). Each node start gets sockets of its own.
@@ -150,6 +153,7 @@ class WorkerNode:
     def kill(self) -> int:
         """Take the node away hard: SIGKILL the raylet's workers, then the node's own processes. How many died."""
         if self.node is None:
+            self.forkserver.close()
             return 0
         raylet = self._raylet()
         workers = []
@@ -163,6 +167,7 @@ class WorkerNode:
         psutil.wait_procs(workers, timeout=5)
         killed = len(workers) + sum(len(v) for v in self.node.all_processes.values())
         self.node = None
+        self.forkserver.close()  # and the ranks' processes, should any have outlived their actors
         shutil.rmtree(self.socket_dir, ignore_errors=True)
         return killed
 
@@ -193,15 +198,17 @@ def _reachable(address: str) -> bool:
         return False
 
 
-def run_worker(files: NodeFiles, index: int, ip: str, num_cpus: int, join_timeout_s: float) -> None:
+def run_worker(files: NodeFiles, index: int, ip: str, num_cpus: int, join_timeout_s: float,
+               preload: tuple[str, ...]) -> None:
     """Task ``index`` of a multi-node job: join the head's cluster and keep this node up (or down, when a
-    node fault says so) until the head says the job is done or stops answering."""
+    node fault says so) until the head says the job is done or stops answering. ``preload``: what the node's
+    rank fork server imports (the engine's modules)."""
     head = files.wait_for("head", join_timeout_s, abandon=files.finished)
     if head is None:
         if files.finished():
             return
         raise ClusterError(f"node{index}: the head (task 0) did not publish its address within {join_timeout_s:g} s")
-    node = WorkerNode(index, head["gcs_address"], ip, num_cpus)
+    node = WorkerNode(index, head["gcs_address"], ip, num_cpus, preload)
     t0 = time.monotonic()
     node.start()
     files.write_state(index, "up", up_at=time.time(), ray_node_id=node.node_id)

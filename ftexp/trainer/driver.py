@@ -37,6 +37,7 @@ from ftexp.trainer.checkpoint import resume_event, start_event_log
 from ftexp.trainer.group import TrainGroup
 from ftexp.trainer.local_ray import start_local_ray
 from ftexp.trainer.nodes import CellPlacer, restore_node
+from ftexp.trainer.rank_forkserver import rank_forkserver
 from ftexp.tasks import build_task
 from ftexp.tasks.base import Task
 from ftexp.trainer.rollout_engines import (EngineAddresses, GroupNames, SideEngines, evaluate_task, record_update,
@@ -163,6 +164,18 @@ def next_run(spec: JobSpec, pending: list[int]) -> list[int]:
 
 
 def run_ft_driver(spec: JobSpec) -> None:
+    """Train the target side: on a Ray of its own with this node's rank fork server, unless a multi-node job's
+    launcher has started the cluster's head here already (with the head's fork server)."""
+    if ray.is_initialized():
+        _drive(spec)
+        return
+    engine = get_engine(spec.trainer.engine)
+    with rank_forkserver(engine.preload_modules):
+        start_local_ray(num_cpus=max(2, spec.num_cells * engine.ranks_per_replica(spec.mode)))
+        _drive(spec)
+
+
+def _drive(spec: JobSpec) -> None:
     witness_counter = start_event_log(spec)
     events = EventLogger(spec.side_dir.events, ProcessIdentity(component="main"))
     witness = None
@@ -172,8 +185,6 @@ def run_ft_driver(spec: JobSpec) -> None:
     rollouts = spec.rollout_ids()
     analyzer = IncrementalAnalyzer(spec.side_dir.events) if spec.trainer.audit else None
     ranks = get_engine(spec.trainer.engine).ranks_per_replica(spec.mode)
-    if not ray.is_initialized():  # a multi-node job's launcher has started the cluster's head here already
-        start_local_ray(num_cpus=max(2, spec.num_cells * ranks))
     # Multi-node: the store listens on the head's Ray address (127.0.0.1 on loopback), every cell pinned to its node.
     store = LoopbackStore(ray.util.get_node_ip_address() if spec.placement is not None else "127.0.0.1")
     store_addr = store.address

@@ -1,7 +1,8 @@
 """One rank of a cell: the process that holds the rank's replica, trains, reduces across cells, and heals others.
 
-It runs as a plain child process of the rank's Ray actor (``ftexp.trainer.cell_rank``), which forwards
-every call to it (``ftexp.trainer.rank_process``): no Ray runs in the process that trains.
+It runs as a plain process, forked by its node's fork server (``ftexp.trainer.rank_forkserver``), beside
+the rank's Ray actor (``ftexp.trainer.cell_rank``), which forwards every call to it
+(``ftexp.trainer.rank_process``): no Ray runs in the process that trains.
 
 The torch engine has one rank per cell; a megatron cell has ``tp·pp·cp`` ranks that form their
 own torch.distributed gloo world (rendezvous under ``cell<i>/<incarnation>/`` on the driver's
@@ -47,7 +48,7 @@ from ftexp.tasks.warmup import warm_start
 from ftexp.trainer import transfer
 from ftexp.trainer.checkpoint import complete_checkpoint, load_rank_state, save_rank_state
 from ftexp.trainer.quorum import IndepDPInfo
-from ftexp.trainer.rank_process import answer, child_connections, die_with_parent, rank_cpu_seconds
+from ftexp.trainer.rank_process import answer, rank_cpu_seconds
 from ftexp.trainer.step import SectionTimer, record_metrics, record_sections, settle_heap, train_step
 from ftexp.trainer.weight_order import WeightPush
 from ftexp.trainer.weight_push import WeightPusher
@@ -421,10 +422,10 @@ CONTROL_METHODS = ("ping", "heartbeat", "release_collectives")
 CALL_METHODS = ("init", "reconfigure", "train", "update_weights", "save")
 
 
-def serve(argv: list[str]) -> None:
-    """The rank process's main: build the rank from the first call, then answer calls until the actor is gone."""
-    parent_pid, (calls, control, faults) = child_connections(argv)
-    die_with_parent(parent_pid)
+def serve(connections: list[Connection]) -> None:
+    """The rank process's main, on its (calls, control, faults) pipes: build the rank from the first call, then
+    answer calls until the actor is gone."""
+    calls, control, faults = connections
     method, build_args = calls.recv()
     assert method == "__build__", method
     built: list[Rank] = []

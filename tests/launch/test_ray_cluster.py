@@ -30,7 +30,7 @@ def test_the_tasks_meet_through_files(tmp_path):
 
 def test_a_worker_whose_head_never_comes_fails_with_one_clear_error(tmp_path):
     with pytest.raises(ClusterError, match="node1: the head .task 0. did not publish its address within 0.5 s"):
-        run_worker(NodeFiles(tmp_path / "cluster"), 1, "127.0.0.1", num_cpus=1, join_timeout_s=0.5)
+        run_worker(NodeFiles(tmp_path / "cluster"), 1, "127.0.0.1", num_cpus=1, join_timeout_s=0.5, preload=())
     done = NodeFiles(tmp_path / "done")
     done.finish()
-    run_worker(done, 1, "127.0.0.1", num_cpus=1, join_timeout_s=30)  # the job already ended: nothing to join
+    run_worker(done, 1, "127.0.0.1", num_cpus=1, join_timeout_s=30, preload=())  # the job already ended: nothing to join

@@ -24,6 +24,7 @@ from ftexp.trainer.quorum import IndepDPInfo
 from ftexp.trainer.cell_rank import host_ranks
 from ftexp.trainer.rank_process import answer
 from ftexp.trainer.local_ray import start_local_ray
+from ftexp.trainer.rank_forkserver import rank_forkserver
 from ftexp.trainer.weight_order import WeightPush
 
 DIES_WITHIN_S = 30.0
@@ -31,9 +32,10 @@ DIES_WITHIN_S = 30.0
 
 @pytest.fixture(scope="module", autouse=True)
 def local_ray():
-    start_local_ray(num_cpus=2)
-    yield
-    ray.shutdown()
+    with rank_forkserver(preload=()) as address:  # the actors' rank processes fork from it
+        start_local_ray(num_cpus=2)
+        yield address
+        ray.shutdown()
 
 
 def _ranks(tmp_path, ranks: list[int]):
@@ -56,14 +58,14 @@ def rank(tmp_path):
 
 
 def _actor_and_children(handle) -> tuple[psutil.Process, list[psutil.Process]]:
-    """The actor's process and its ranks' processes (its children running ``ftexp.trainer.rank``)."""
-    actor_pid = ray.get(handle.actor.__ray_call__.remote(lambda _: os.getpid()))
-    parent = psutil.Process(actor_pid)
-    return parent, [p for p in parent.children() if "ftexp.trainer.rank" in " ".join(p.cmdline())]
+    """The actor's process and its ranks' processes, in rank order."""
+    actor_pid, pids = ray.get(handle.actor.__ray_call__.remote(
+        lambda actor: (os.getpid(), [actor.processes[r].child.pid for r in sorted(actor.processes)])))
+    return psutil.Process(actor_pid), [psutil.Process(pid) for pid in pids]
 
 
 def _processes(handle) -> tuple[psutil.Process, psutil.Process]:
-    """The actor's process and the rank's process (its only child running ``ftexp.trainer.rank``)."""
+    """The actor's process and the rank's process (its only one)."""
     parent, [child] = _actor_and_children(handle)
     return parent, child
 
@@ -90,9 +92,10 @@ def _stops_answering(handle, within_s: float = DIES_WITHIN_S, call=None) -> bool
     return False
 
 
-def test_the_replica_lives_in_a_child_process_without_ray(rank):
+def test_the_replica_lives_in_a_process_forked_by_the_fork_server_without_ray(rank):
     actor, child = _processes(rank)
-    assert child.ppid() == actor.pid
+    server = psutil.Process(child.ppid())
+    assert "ftexp.trainer.rank_forkserver" in " ".join(server.cmdline()) and server.ppid() == os.getpid()
     modules = {m.path for m in child.memory_maps()}
     assert not any("_raylet" in path for path in modules), "Ray is loaded into the process that trains"
     assert any("_raylet" in path for path in {m.path for m in actor.memory_maps()})

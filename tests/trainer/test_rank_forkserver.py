@@ -1,0 +1,133 @@
+"""The rank fork server: a forked child takes the asker's descriptors and environment, its end reaches
+the asker as its exit code, and it outlives neither the asker (even frozen) nor the server.
+
+The server here is the real ``ForkServer`` loop in a process of its own, forking a small target
+defined below instead of the rank's ``serve``; the asker is this test process or a child of it.
+"""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from multiprocessing.connection import Connection, Pipe
+from pathlib import Path
+
+import pytest
+import ray  # noqa: F401  (puts Ray's psutil on sys.path)
+import psutil  # noqa: E402
+
+from ftexp.trainer.rank_forkserver import ForkServer
+from ftexp.trainer.rank_process import FORKSERVER_ENV, fork_child
+
+HERE = Path(__file__).resolve().parent
+DIES_WITHIN_S = 30.0
+
+
+def echo_target(connections: list[Connection]) -> None:
+    """The forked child: answers requests on its calls pipe."""
+    calls, _control, _faults = connections
+    while True:
+        request = calls.recv()
+        if request == "who":
+            calls.send((os.getpid(), os.environ.get("FTEXP_TEST_MARK"), os.environ.get("FTEXP_RANK_ACTOR_PID")))
+        elif request == "print":
+            print("printed by the forked child", flush=True)
+            calls.send("printed")
+        elif request == "exit 3":
+            os._exit(3)
+
+
+def run_server(listener_fd: int) -> None:
+    ForkServer(socket.socket(fileno=listener_fd), echo_target).serve_forever()
+
+
+@pytest.fixture
+def server(tmp_path, monkeypatch):
+    """A fork server on a socket in ``tmp_path``, its address in this process's environment."""
+    path = str(tmp_path / "rfs.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(path)
+    listener.listen(8)
+    code = f"import sys; sys.path.insert(0, {str(HERE)!r}); import test_rank_forkserver as t; t.run_server({listener.fileno()})"
+    process = subprocess.Popen([sys.executable, "-c", code], pass_fds=[listener.fileno()])
+    listener.close()
+    monkeypatch.setenv(FORKSERVER_ENV, path)
+    yield process
+    process.kill()
+    process.wait()
+
+
+def _ask(env: dict[str, str]):
+    """A child for this process, with the rank's three pipes; this process's ends of them."""
+    ends = [Pipe() for _ in range(3)]
+    child = fork_child([theirs.fileno() for _, theirs in ends], env)
+    for _, theirs in ends:
+        theirs.close()
+    return child, ends[0][0]
+
+
+def _dead(pid: int, within_s: float = DIES_WITHIN_S) -> bool:
+    try:
+        psutil.Process(pid).wait(timeout=within_s)
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.TimeoutExpired:
+        return False
+    return True
+
+
+def test_the_child_takes_the_askers_environment_and_reports_its_exit_code(server):
+    child, calls = _ask(dict(os.environ, FTEXP_TEST_MARK="from the asker"))
+    calls.send("who")
+    assert calls.recv() == (child.pid, "from the asker", str(os.getpid()))
+    assert psutil.Process(child.pid).ppid() == server.pid
+    calls.send("exit 3")
+    assert child.wait() == 3
+
+
+def test_a_child_killed_by_a_signal_reports_it_and_the_server_forks_on(server):
+    first, _ = _ask(dict(os.environ))
+    second, calls = _ask(dict(os.environ))
+    os.kill(first.pid, signal.SIGKILL)
+    assert first.wait() == -signal.SIGKILL
+    calls.send("who")
+    assert calls.recv()[0] == second.pid
+
+
+def test_the_child_writes_to_the_askers_stdout(tmp_path, server):
+    # The asker is a process of its own whose stdout is a file: the child's print lands there.
+    out = tmp_path / "asker.out"
+    code = (f"import sys; sys.path.insert(0, {str(HERE)!r}); import test_rank_forkserver as t, os\n"
+            "child, calls = t._ask(dict(os.environ)); calls.send('print'); assert calls.recv() == 'printed'\n")
+    with out.open("w") as stdout:
+        subprocess.run([sys.executable, "-c", code], stdout=stdout, check=True, timeout=60)
+    assert "printed by the forked child" in out.read_text()
+
+
+def test_a_frozen_child_dies_with_its_asker(tmp_path, server):
+    code = (f"import sys; sys.path.insert(0, {str(HERE)!r}); import test_rank_forkserver as t, os, time\n"
+            "child, calls = t._ask(dict(os.environ)); print(child.pid, flush=True); time.sleep(600)\n")
+    asker = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    child_pid = int(asker.stdout.readline())
+    os.kill(child_pid, signal.SIGSTOP)
+    assert psutil.Process(child_pid).status() == psutil.STATUS_STOPPED
+    asker.kill()
+    asker.wait()
+    assert _dead(child_pid), "the frozen child outlived the process it was forked for"
+
+
+def test_the_children_die_with_the_server(server):
+    child, _ = _ask(dict(os.environ))
+    server.kill()
+    assert _dead(child.pid), "a child outlived its fork server"
+    assert child.wait() == -signal.SIGKILL
+
+
+def test_without_a_server_the_ask_fails_with_one_clear_error(monkeypatch):
+    monkeypatch.delenv(FORKSERVER_ENV, raising=False)
+    with pytest.raises(RuntimeError, match="no rank fork server on this node"):
+        _ask(dict(os.environ))
+    monkeypatch.setenv(FORKSERVER_ENV, "/nonexistent/rfs.sock")
+    with pytest.raises(RuntimeError, match="did not answer"):
+        _ask(dict(os.environ))

@@ -34,9 +34,10 @@ the cell back, which in this plan spans both; transfer rate), each marked met or
 runs on the same machine, its run dirs in memory (``/dev/shm``) where the host has it, so that no side's
 dumps wait on the disk writing back the other's; results go to ``bench/results/<name>.json`` and ``.md``
 (``latest.md`` too).
-The step runs start the baseline's ranks as fresh processes (``trainer.fresh_baseline_ranks=true``), like the
-target's Ray workers: ranks forked from one process that imported torch and megatron-core share its pages,
-which alone made megatron's baseline steps ~15 % cheaper in CPU (``results/2026-12-04_megatron_cpu_gap.md``).
+Both sides' ranks fork from a process that imported torch and megatron-core once (the baseline's
+multiprocessing fork server, the target's rank fork server per node), as every run starts them: ranks
+that share their importer's pages run measurably cheaper steps than fresh interpreters (~15 % of CPU on
+megatron's baseline, ``results/2026-12-04_megatron_cpu_gap.md``), so the two sides start alike.
 
     python bench/step_time.py                              # dp2 and dp4, 16 rollouts, 3 runs each
     python bench/step_time.py --modes dp2 --heal --large   # + heal timings + a ~1 s/step model
@@ -206,9 +207,7 @@ def run(mode: str, scenario: str, overrides: list[str], target_first: bool = Fal
 
 def step_row(mode: str, label: str, overrides: list[str], target_first: bool = False) -> dict:
     load = os.getloadavg()[0]
-    # The baseline's ranks start fresh and import on their own, as the target's Ray workers do (and torchrun's
-    # ranks would): forked from one importer, they share its pages and a small model's step runs faster.
-    run_dir, memory, tmp = run(mode, "no_failure", [*overrides, "trainer.fresh_baseline_ranks=true"], target_first)
+    run_dir, memory, tmp = run(mode, "no_failure", overrides, target_first)
     with tmp:
         base, targ = perf_rows(run_dir / "baseline"), with_breakdown(run_dir / "target", perf_rows(run_dir / "target"))
         verdict = verdict_of(json.loads((run_dir / "report.json").read_text()))

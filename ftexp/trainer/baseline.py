@@ -234,8 +234,8 @@ def rank_start_context(fresh: bool, preload_modules: tuple[str, ...]) -> mp.cont
     By default they fork from a server that imported the trainer (and megatron-core) once: 8 fresh
     imports of megatron cost ~50 CPU-seconds on 2 cores. torch's compiler too: a torch optimizer
     imports it when it is built (1.4 CPU-seconds a rank). The server forks before any rank creates
-    threads or process groups, so each rank still starts clean. ``fresh``: each rank is a new
-    interpreter that imports on its own, as the target's Ray workers are (a fair step-time comparison).
+    threads or process groups, so each rank still starts clean (the target's ranks fork the same way,
+    from their node's rank fork server). ``fresh``: each rank is a new interpreter that imports on its own.
     """
     if fresh:
         return mp.get_context("spawn")

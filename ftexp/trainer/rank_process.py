@@ -19,11 +19,11 @@ Three pipes, each a request/answer channel served by one thread of the rank's pr
 
 The actor and its ranks' processes die together. A rank's process gets SIGKILL from the fork server
 when its actor dies (the actor's end of their connection closes; SIGKILL works even on a frozen
-process), and from the kernel when the server dies. The actor's keeper thread for each rank waits for that rank's process and, once it has ended, ends the actor too
-(SIGKILL, or the same exit code), and with it the other ranks' processes: Ray then reports the death
-of the actor's ranks, and lifelines, the death watch and the control plane see a dead cell as they
-would see it with an actor per rank. An actor's call whose answer the death cut off waits for that
-end instead of raising.
+process), and from the kernel when the server dies. The actor's keeper thread for each rank waits for
+that rank's process and, once it has ended, ends the actor too (SIGKILL, or the same exit code), and
+with it the other ranks' processes: Ray then reports the death of the actor's ranks, and lifelines,
+the death watch and the control plane see a dead cell as they would see it with an actor per rank.
+An actor's call whose answer the death cut off waits for that end instead of raising.
 """
 
 from __future__ import annotations

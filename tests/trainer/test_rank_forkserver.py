@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from multiprocessing.connection import Connection, Pipe
 from pathlib import Path
 
@@ -67,6 +68,16 @@ def _ask(env: dict[str, str]):
     return child, ends[0][0]
 
 
+def _stopped(pid: int, within_s: float = DIES_WITHIN_S) -> bool:
+    """Whether the process is stopped within ``within_s`` (a signal lands when the kernel next schedules it)."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if psutil.Process(pid).status() == psutil.STATUS_STOPPED:
+            return True
+        time.sleep(0.05)
+    return False
+
+
 def _dead(pid: int, within_s: float = DIES_WITHIN_S) -> bool:
     try:
         psutil.Process(pid).wait(timeout=within_s)
@@ -106,14 +117,18 @@ def test_the_child_writes_to_the_askers_stdout(tmp_path, server):
 
 
 def test_a_frozen_child_dies_with_its_asker(tmp_path, server):
+    # The asker waits for the child's first answer: the child is then past its own start-up.
     code = (f"import sys; sys.path.insert(0, {str(HERE)!r}); import test_rank_forkserver as t, os, time\n"
-            "child, calls = t._ask(dict(os.environ)); print(child.pid, flush=True); time.sleep(600)\n")
+            "child, calls = t._ask(dict(os.environ)); calls.send('who'); calls.recv()\n"
+            "print(child.pid, flush=True); time.sleep(600)\n")
     asker = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    child_pid = int(asker.stdout.readline())
-    os.kill(child_pid, signal.SIGSTOP)
-    assert psutil.Process(child_pid).status() == psutil.STATUS_STOPPED
-    asker.kill()
-    asker.wait()
+    try:
+        child_pid = int(asker.stdout.readline())
+        os.kill(child_pid, signal.SIGSTOP)
+        assert _stopped(child_pid), "the child did not stop"
+    finally:
+        asker.kill()
+        asker.wait()
     assert _dead(child_pid), "the frozen child outlived the process it was forked for"
 
 

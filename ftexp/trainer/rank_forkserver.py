@@ -28,6 +28,7 @@ child starts before any thread pool exists. Its children get SIGKILL from the ke
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import importlib
 import os
 import pickle
@@ -44,8 +45,17 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ftexp.trainer.rank import serve
-from ftexp.trainer.rank_process import (ACTOR_PID_ENV, DESCRIPTORS, EXIT_CODE, FORKSERVER_ENV, MAX_REQUEST_BYTES, PID,
-                                        die_with_parent)
+from ftexp.trainer.rank_process import ACTOR_PID_ENV, DESCRIPTORS, EXIT_CODE, FORKSERVER_ENV, MAX_REQUEST_BYTES, PID
+
+PR_SET_PDEATHSIG = 1  # prctl option: the signal the kernel sends this process when its parent dies
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Ask the kernel for SIGKILL when the parent dies; exit now if it already has."""
+    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != parent_pid:
+        os._exit(1)
 
 
 # ---- starting and ending a server -----------------------------------------------------------------

@@ -28,7 +28,6 @@ An actor's call whose answer the death cut off waits for that end instead of rai
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import pickle
@@ -43,7 +42,6 @@ from multiprocessing.connection import Connection, Pipe
 from typing import Any, Callable
 
 log = logging.getLogger(__name__)
-PR_SET_PDEATHSIG = 1  # prctl option: the signal the kernel sends this process when its parent dies
 RANKS_IN_ACTOR_ENV = "FTEXP_RANKS_IN_ACTOR"  # how many rank processes the rank's actor hosts
 ACTOR_PID_ENV = "FTEXP_RANK_ACTOR_PID"  # the rank's actor (the process's parent is the fork server)
 FORKSERVER_ENV = "FTEXP_RANK_FORKSERVER"  # the node's fork server's socket path, inherited by its Ray workers
@@ -84,14 +82,6 @@ def _sendable(error: Exception) -> Exception:
     kind = type(error).__qualname__ if type(error).__module__ == "builtins" \
         else f"{type(error).__module__}.{type(error).__qualname__}"
     return RuntimeError(f"{kind}: {error}\n" + "\n".join(getattr(error, "__notes__", [])))
-
-
-def die_with_parent(parent_pid: int) -> None:
-    """Ask the kernel for SIGKILL when the parent dies; exit now if it already has."""
-    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
-    if os.getppid() != parent_pid:
-        os._exit(1)
 
 
 def rank_cpu_seconds() -> float:

@@ -17,14 +17,13 @@ import time
 import ray
 import submitit
 
-from ftexp.engines.registry import get_engine
 from ftexp.faults.nodes import NodeFiles
+from ftexp.forkserver import forkserver
 from ftexp.job import JobSpec
 from ftexp.launch.ray_cluster import ClusterError, node_ip, run_worker, start_head, wait_for_nodes
 from ftexp.rundir import BASELINE
 from ftexp.trainer.baseline import run_baseline
-from ftexp.trainer.driver import run_ft_driver
-from ftexp.trainer.rank_forkserver import rank_forkserver
+from ftexp.trainer.driver import forkserver_preload, run_ft_driver
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +77,7 @@ def run_replacement_node(spec: JobSpec, index: int) -> None:
                         format="[%(asctime)s] %(name)s: %(message)s", datefmt="%H:%M:%S")
     log.info("node%d (replacement): Slurm node %s", index, os.environ.get("SLURMD_NODENAME", "?"))
     run_worker(NodeFiles(spec.side_dir.cluster), index, node_ip(spec.cluster.loopback), num_cpus=2,
-               join_timeout_s=spec.cluster.join_timeout_s, preload=get_engine(spec.trainer.engine).preload_modules)
+               join_timeout_s=spec.cluster.join_timeout_s, preload=forkserver_preload(spec))
 
 
 def run_on_node(spec: JobSpec) -> None:
@@ -89,7 +88,7 @@ def run_on_node(spec: JobSpec) -> None:
     files = NodeFiles(spec.side_dir.cluster)
     cluster = spec.cluster
     ip = node_ip(cluster.loopback)
-    preload = get_engine(spec.trainer.engine).preload_modules  # what each node's rank fork server imports
+    preload = forkserver_preload(spec)  # what each node's fork server imports
     log.info("node%d of %d: Slurm node %s, address %s", node, tasks, os.environ.get("SLURMD_NODENAME", "?"), ip)
     if spec.side == BASELINE:
         run_baseline(spec, node, files, ip, cluster.join_timeout_s)
@@ -97,7 +96,7 @@ def run_on_node(spec: JobSpec) -> None:
         replacer = NodeReplacer(spec, files)
         try:
             t0 = time.monotonic()
-            with rank_forkserver(preload):
+            with forkserver(preload):
                 start_head(files, ip, num_cpus=2)
                 wait_for_nodes(list(range(spec.nodes)), cluster.join_timeout_s)
                 log.info("ray cluster: all %d nodes up %.1f s after the head started", spec.nodes,

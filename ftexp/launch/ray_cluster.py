@@ -34,9 +34,9 @@ import ray
 import psutil  # noqa: E402  (Ray's thirdparty_files, on sys.path once ray is imported)
 
 from ftexp.faults.nodes import NodeFiles
+from ftexp.forkserver import forkserver
 from ftexp.placement import node_resource
 from ftexp.trainer.local_ray import start_local_ray
-from ftexp.trainer.rank_forkserver import rank_forkserver
 from ftexp.trainer.nodes import NODE_ENV, ClusterError, wait_for_nodes  # noqa: F401  (re-exported)
 
 log = logging.getLogger(__name__)
@@ -105,7 +105,7 @@ def start_head(files: NodeFiles, ip: str, num_cpus: int) -> str:
 
 
 class WorkerNode:
-    """One Ray worker node, with its rank fork server (importing ``preload``), started and ended by this process."""
+    """One Ray worker node, with its fork server (importing ``preload``), started and ended by this process."""
 
     def __init__(self, index: int, gcs_address: str, ip: str, num_cpus: int, preload: tuple[str, ...]):
         self.index, self.gcs_address, self.ip, self.num_cpus, self.preload = index, gcs_address, ip, num_cpus, preload
@@ -118,7 +118,7 @@ class WorkerNode:
         from ray._private.parameter import RayParams
 
         os.environ[NODE_ENV] = str(self.index)  # the raylet and every worker it starts inherit it
-        self.forkserver.enter_context(rank_forkserver(self.preload))  # its address too
+        self.forkserver.enter_context(forkserver(self.preload))  # its address too
         # Nodes on one machine share the session's sockets directory, where Ray names a node's plasma and
         # raylet sockets by the first index not yet bound: nodes starting together pick the same names and
         # all but one fail to bind (seen with 5 worker nodes). Each node start gets sockets of its own.
@@ -167,7 +167,7 @@ class WorkerNode:
         psutil.wait_procs(workers, timeout=5)
         killed = len(workers) + sum(len(v) for v in self.node.all_processes.values())
         self.node = None
-        self.forkserver.close()  # and the ranks' processes, should any have outlived their actors
+        self.forkserver.close()  # and the processes it forked, should any have outlived their actors
         shutil.rmtree(self.socket_dir, ignore_errors=True)
         return killed
 
@@ -202,7 +202,7 @@ def run_worker(files: NodeFiles, index: int, ip: str, num_cpus: int, join_timeou
                preload: tuple[str, ...]) -> None:
     """Task ``index`` of a multi-node job: join the head's cluster and keep this node up (or down, when a
     node fault says so) until the head says the job is done or stops answering. ``preload``: what the node's
-    rank fork server imports (the engine's modules)."""
+    fork server imports (the ranks' and the rollout engines' modules)."""
     head = files.wait_for("head", join_timeout_s, abandon=files.finished)
     if head is None:
         if files.finished():

@@ -1,10 +1,13 @@
-"""Rollout engines as Ray actors: each one our CPU sglang-protocol server (``server``) under uvicorn.
+"""Rollout engines as Ray actors: each one our CPU sglang-protocol server, in a process of its own.
 
-`RolloutEngine` owns one server: uvicorn runs in a thread of the engine's process on its Ray node's
-address (127.0.0.1 on one machine and on a loopback cluster; outside Ray, 127.0.0.1), on a port the
-OS picks (bound here first, so the URL is known before the first request). The class is a plain
-one: `EngineGroup` makes Ray actors of it, and tests may run it in-process. ``simulate_crash``
-stops the server while the actor stays reachable — how an engine fault looks to the trainer.
+`RolloutEngine` is an engine's Ray actor: its address and supervisor. The server runs in a process
+that the node's fork server (``ftexp.forkserver``) forks for the actor, with torch, transformers,
+FastAPI and uvicorn already imported (``ftexp.rollout.engine_process``); the actor imports none of
+them. It serves on the actor's Ray node's address (127.0.0.1 on one machine and on a loopback
+cluster). The actor and its server's process die together: the process when the actor dies (the
+fork server SIGKILLs it), the actor when the process dies (its keeper ends it), so Ray reports a dead
+engine as a dead actor. ``simulate_crash`` stops the server while the actor and its process stay
+reachable — how an engine fault looks to the trainer.
 
 `EngineGroup` is the driver's side: start N engine actors, wait until each answers ``/health``,
 hand out their URLs, stop them. An engine asks Ray for no CPU by default (``num_cpus=0``): rollout
@@ -16,77 +19,91 @@ on the head reach it across nodes.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-import socket
+import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass
+from multiprocessing.connection import Pipe
+from typing import Any
 
+import httpx
 import ray
-import torch
-import uvicorn
 
-from ftexp.rollout.client import EngineClient
-from ftexp.rollout.server import CpuEngine, ServerConfig, build_app
+from ftexp.forkserver import fork_child
+from ftexp.http_client import short_keepalive_client
+from ftexp.rollout.server_config import ServerConfig
 
 log = logging.getLogger(__name__)
 LOOPBACK = "127.0.0.1"
+ENGINE_TARGET = "ftexp.rollout.engine_process:serve"  # what the fork server runs in an engine's process
+ENGINE_PRELOAD = ("ftexp.rollout.engine_process",)  # what a node's fork server imports for its engines
 
 
 class RolloutEngine:
     def __init__(self, config: ServerConfig) -> None:
-        # One thread per engine: several engines and the training cells share few cores, and one
-        # thread keeps each engine's numerics the same whatever machine it lands on.
-        torch.set_num_threads(1)
         self.config = config
-        self._server = None
-        self._sock: socket.socket | None = None
-        self._thread: threading.Thread | None = None
         self.url: str | None = None
+        self._commands, theirs = Pipe()
+        self._lock = threading.Lock()  # one command at a time
+        self.child = fork_child(ENGINE_TARGET, [theirs.fileno()], dict(os.environ))
+        theirs.close()
+        threading.Thread(target=self._keep, name="engine-process-keeper", daemon=True).start()
 
     def start(self, timeout_s: float = 60.0) -> str:
         """Load the model, serve it; returns ``http://ADDRESS:PORT`` (see the module docstring) once it listens."""
-        if self._thread is not None and self._thread.is_alive():
-            return self.url
-        engine = CpuEngine(self.config)
         host = ray.util.get_node_ip_address() if ray.is_initialized() else LOOPBACK
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, 0))
-        port = sock.getsockname()[1]
-        server = uvicorn.Server(uvicorn.Config(build_app(engine), log_level="warning", access_log=False,
-                                               timeout_graceful_shutdown=1))
-        self._thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True,
-                                        name="rollout-server")
-        self._thread.start()
-        deadline = time.monotonic() + timeout_s
-        while not server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"rollout server on {host}:{port} did not start")
-            time.sleep(0.01)
-        self._server, self._sock = server, sock
-        self.url = f"http://{host}:{port}"
-        log.info("rollout engine serving %s at %s", self.config.model_path, self.url)
+        self.url = self._ask("start", self.config, host, timeout_s)
         return self.url
 
     def simulate_crash(self) -> None:
         """Stop serving (connections refused from now on); the actor itself stays reachable."""
-        self._stop_server()
+        self._ask("stop")
 
     def shutdown(self) -> None:
-        self._stop_server()
-
-    def _stop_server(self) -> None:
-        if self._server is None:
-            return
-        self._server.should_exit = True
-        self._thread.join(timeout=10)
-        self._sock.close()
-        self._server, self._sock = None, None
+        self._ask("stop")
 
     def pid(self) -> int:
-        return os.getpid()
+        """The pid of the process that serves."""
+        return self.child.pid
+
+    def _ask(self, *command: Any) -> Any:
+        with self._lock:
+            try:
+                self._commands.send(command)
+                kind, value = self._commands.recv()
+            except (EOFError, OSError):  # the engine's process died: the keeper ends this actor in a moment
+                threading.Event().wait()
+        if kind == "error":
+            raise value
+        return value
+
+    def _keep(self) -> None:
+        """Wait for the engine's process to end, then end the actor the same way."""
+        code = self.child.wait()
+        log.warning("the rollout engine's process (pid %d) ended (%s); its actor ends too", self.child.pid,
+                    f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if code < 0:
+            os.kill(os.getpid(), signal.SIGKILL)
+        os._exit(code or 1)
+
+
+def wait_healthy(url: str, timeout_s: float) -> None:
+    """Until ``GET url/health`` answers 200 from this process."""
+    deadline = time.monotonic() + timeout_s
+    with short_keepalive_client(timeout=10.0) as client:
+        while True:
+            with contextlib.suppress(httpx.HTTPError):
+                if client.get(f"{url}/health").status_code == 200:
+                    return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"GET {url}/health: not healthy within {timeout_s:.0f} s")
+            time.sleep(0.1)
 
 
 @dataclass
@@ -110,17 +127,15 @@ class EngineGroup:
     def start(self) -> list[str]:
         actor_class = ray.remote(RolloutEngine)
         pinned = self.config.node_resources
-        # No runtime_env: the server sets the hub's offline switches itself before it imports
-        # transformers, and an actor with a runtime_env starts through an extra Python process
-        # (about 0.8 s more per engine on 2 cores).
+        # No runtime_env: the engine's process sets the hub's offline switches itself, and an actor
+        # with a runtime_env starts through an extra Python process (about 0.8 s more per engine on 2 cores).
         self.actors = [actor_class.options(num_cpus=self.config.num_cpus,
                                            **({"resources": {pinned[i]: 1}} if pinned else {})).remote(self.server)
                        for i in range(self.config.num_engines)]
         try:
             self.urls = ray.get([a.start.remote() for a in self.actors], timeout=self.config.start_timeout_s)
             for url in self.urls:
-                with EngineClient(url) as client:
-                    client.wait_healthy(timeout_s=self.config.start_timeout_s)
+                wait_healthy(url, self.config.start_timeout_s)
         except BaseException:
             self.stop()
             raise

@@ -14,6 +14,12 @@ import subprocess
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
+def stay_offline() -> None:
+    """`OFFLINE_ENV` in this process's environment (before transformers is first imported: it reads it then)."""
+    for key, value in OFFLINE_ENV.items():
+        os.environ.setdefault(key, value)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port free on `host` now (the OS's pick); the caller binds it soon after."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

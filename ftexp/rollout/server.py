@@ -25,7 +25,6 @@ import threading
 import time
 import uuid
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -41,7 +40,8 @@ from ftexp.errors import InputError, one_line
 from ftexp.rollout import weight_group
 from ftexp.rollout.client import SamplingParams, decode_named_tensors
 from ftexp.rollout.hf_layout import build_model, hf_state_dict, load_hf_weights
-from ftexp.rollout.processes import OFFLINE_ENV
+from ftexp.rollout.processes import stay_offline
+from ftexp.rollout.server_config import ServerConfig
 
 log = logging.getLogger(__name__)
 
@@ -51,22 +51,6 @@ MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
 
 class BadRequest(Exception):
     """The request cannot be served as asked; the message (one line) goes back with HTTP 400."""
-
-
-@dataclass
-class ServerConfig:
-    """What one engine serves.
-
-    ``model_path`` holds the HF ``config.json`` and, optionally, ``model.safetensors`` or its shards (checkpoint
-    names); without weights the model starts from a random init seeded by ``init_seed`` and gets its
-    weights from the trainer's first update. ``tokenizer_path`` defaults to ``model_path``.
-    """
-
-    model_path: str
-    tokenizer_path: str | None = None
-    weight_version: str = "default"
-    init_seed: int = 0
-    weight_group_timeout_s: float = 120.0
 
 
 class ReadWriteLock:
@@ -128,10 +112,9 @@ class CpuEngine:
 
     def __init__(self, config: ServerConfig) -> None:
         # A rollout engine never reaches the Hugging Face hub: everything it loads is a local
-        # directory. Set before transformers is first imported, which is here: importing this module
-        # (for ServerConfig, say) stays cheap for a driver that only starts engines.
-        for key, value in OFFLINE_ENV.items():
-            os.environ.setdefault(key, value)
+        # directory. Set before transformers is first imported, which may be here: importing this
+        # module stays cheap for a process that only checks or decodes what an engine sends.
+        stay_offline()
         from transformers import AutoTokenizer, DynamicCache
 
         self._new_cache = DynamicCache

@@ -18,6 +18,7 @@ the same ids; rank 0 logs the allocations, which is what the next phase resumes 
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
 import multiprocessing as mp
@@ -35,14 +36,15 @@ from ftexp.audit.witness import WitnessIdAllocator, allocation_event
 from ftexp.engines.collectives import sum_across
 from ftexp.engines.registry import get_engine
 from ftexp.faults.nodes import NodeFiles
+from ftexp.forkserver import forkserver
 from ftexp.job import JobSpec
 from ftexp.rollout.recorded import load_rollout
 from ftexp.rundir import rollout_path
 from ftexp.trainer.checkpoint import (complete_checkpoint, load_rank_state, resume_event, save_rank_state,
                                       start_event_log)
 from ftexp.trainer.local_ray import start_local_ray
-from ftexp.trainer.rollout_engines import (EngineAddresses, SideEngines, publish_engines, record_update,
-                                           wait_for_engines, write_rollout)
+from ftexp.trainer.rollout_engines import (EngineAddresses, SideEngines, engine_preload, publish_engines,
+                                           record_update, wait_for_engines, write_rollout)
 from ftexp.trainer.step import record_metrics, record_sections, record_step_time, settle_heap, train_step
 from ftexp.trainer.weight_order import WeightPush
 from ftexp.trainer.weight_push import WeightPusher
@@ -179,40 +181,44 @@ def _run_baseline_ranks(spec: JobSpec, node: int, files: NodeFiles | None, host:
         _serve_engines(spec, side_engines, node, files, host)
         return
     starting = None
-    if side_engines is not None and node == 0:
-        if on_rollout_nodes:  # the router here, over the engines the rollout nodes' tasks publish
-            start = partial(_route_rollout_node_engines, spec, files, side_engines)
-        else:  # engines are Ray actors: a private Ray instance for this side
-            start_local_ray(num_cpus=2)
-            start = side_engines.start
-        # The engines start while the ranks import and build their models; every rank waits for
-        # their addresses on the store before the initial weight sync.
-        starting = ThreadPoolExecutor(1).submit(lambda: publish_engines(store.store, start()))
-    try:
-        _run_ranks(spec, node, files, store_host, store_port, witness_counter, starting)
-    finally:
-        if starting is not None:
-            starting.exception()  # let a start in flight finish before stopping what it started
-            side_engines.stop()
-            ray.shutdown()
+    with contextlib.ExitStack() as engines_ray:
+        if side_engines is not None and node == 0:
+            if on_rollout_nodes:  # the router here, over the engines the rollout nodes' tasks publish
+                start = partial(_route_rollout_node_engines, spec, files, side_engines)
+            else:  # engines are Ray actors: a private Ray instance for this side, its engines forked ready
+                engines_ray.enter_context(forkserver(engine_preload(spec)))
+                start_local_ray(num_cpus=2)
+                engines_ray.callback(ray.shutdown)
+                start = side_engines.start
+            # The engines start while the ranks import and build their models; every rank waits for
+            # their addresses on the store before the initial weight sync.
+            starting = ThreadPoolExecutor(1).submit(lambda: publish_engines(store.store, start()))
+        try:
+            _run_ranks(spec, node, files, store_host, store_port, witness_counter, starting)
+        finally:
+            if starting is not None:
+                starting.exception()  # let a start in flight finish before stopping what it started
+                side_engines.stop()
 
 
 def _serve_engines(spec: JobSpec, side_engines: SideEngines, node: int, files: NodeFiles, host: str) -> None:
     """A rollout node's task: its engines in a private Ray instance on the node's address, their URLs published for
     the head's router (``engines<node>``), serving until the head is done."""
     engines = spec.placement.engines_on(node)
-    if engines:
-        start_local_ray(num_cpus=2, node_ip=host)
-    try:
+    with contextlib.ExitStack() as engines_ray:
         if engines:
-            urls = side_engines.start_engines(len(engines))
-            files.publish(f"engines{node}", {"engines": engines, "urls": urls})
-            log.info("baseline node%d (a rollout node): engines %s at %s", node, engines, urls)
-        while not files.finished():
-            time.sleep(0.2)
-    finally:
-        side_engines.stop()
-        ray.shutdown()
+            engines_ray.enter_context(forkserver(engine_preload(spec)))
+            start_local_ray(num_cpus=2, node_ip=host)
+            engines_ray.callback(ray.shutdown)
+        try:
+            if engines:
+                urls = side_engines.start_engines(len(engines))
+                files.publish(f"engines{node}", {"engines": engines, "urls": urls})
+                log.info("baseline node%d (a rollout node): engines %s at %s", node, engines, urls)
+            while not files.finished():
+                time.sleep(0.2)
+        finally:
+            side_engines.stop()
 
 
 def _route_rollout_node_engines(spec: JobSpec, files: NodeFiles, side_engines: SideEngines) -> EngineAddresses:

@@ -31,17 +31,18 @@ from ftexp.control.train_cells import ControlPlane
 from ftexp.engines.registry import get_engine
 from ftexp.faults.nodes import NodeFiles
 from ftexp.faults.plan import NegativeControl, TestActionKind
+from ftexp.forkserver import forkserver
 from ftexp.job import JobSpec
 from ftexp.trainer.cell_rank import RankHandle, host_ranks
 from ftexp.trainer.checkpoint import resume_event, start_event_log
 from ftexp.trainer.group import TrainGroup
 from ftexp.trainer.local_ray import start_local_ray
 from ftexp.trainer.nodes import CellPlacer, restore_node
-from ftexp.trainer.rank_forkserver import rank_forkserver
+from ftexp.trainer.rank_process import RANK_PRELOAD
 from ftexp.tasks import build_task
 from ftexp.tasks.base import Task
-from ftexp.trainer.rollout_engines import (EngineAddresses, GroupNames, SideEngines, evaluate_task, record_update,
-                                           write_rollout)
+from ftexp.trainer.rollout_engines import (EngineAddresses, GroupNames, SideEngines, engine_preload, evaluate_task,
+                                           record_update, write_rollout)
 from ftexp.trainer.step import record_metrics, record_step_time
 from ftexp.trainer.weight_order import WeightPush
 from ftexp.store import LoopbackStore
@@ -163,14 +164,20 @@ def next_run(spec: JobSpec, pending: list[int]) -> list[int]:
     return run
 
 
+def forkserver_preload(spec: JobSpec) -> tuple[str, ...]:
+    """What a node's fork server imports for the target: the ranks' modules (the engine's among them), and the
+    rollout engines' where the side runs ours."""
+    return (*RANK_PRELOAD, *get_engine(spec.trainer.engine).preload_modules, *engine_preload(spec))
+
+
 def run_ft_driver(spec: JobSpec) -> None:
-    """Train the target side: on a Ray of its own with this node's rank fork server, unless a multi-node job's
+    """Train the target side: on a Ray of its own with this node's fork server, unless a multi-node job's
     launcher has started the cluster's head here already (with the head's fork server)."""
     if ray.is_initialized():
         _drive(spec)
         return
     engine = get_engine(spec.trainer.engine)
-    with rank_forkserver(engine.preload_modules):
+    with forkserver(forkserver_preload(spec)):
         start_local_ray(num_cpus=max(2, spec.num_cells * engine.ranks_per_replica(spec.mode)))
         _drive(spec)
 

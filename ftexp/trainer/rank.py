@@ -1,6 +1,6 @@
 """One rank of a cell: the process that holds the rank's replica, trains, reduces across cells, and heals others.
 
-It runs as a plain process, forked by its node's fork server (``ftexp.trainer.rank_forkserver``), beside
+It runs as a plain process, forked by its node's fork server (``ftexp.forkserver``), beside
 the rank's Ray actor (``ftexp.trainer.cell_rank``), which forwards every call to it
 (``ftexp.trainer.rank_process``): no Ray runs in the process that trains.
 
@@ -41,6 +41,7 @@ from ftexp.engines.collectives import ascending_fold, sum_across, tree_fold
 from ftexp.engines.registry import get_engine
 from ftexp.faults.nodes import NodeFiles
 from ftexp.faults.plan import NegativeControl
+from ftexp.forkserver import answer
 from ftexp.job import JobSpec
 from ftexp.rollout.recorded import load_rollout
 from ftexp.rundir import rollout_path
@@ -48,7 +49,7 @@ from ftexp.tasks.warmup import warm_start
 from ftexp.trainer import transfer
 from ftexp.trainer.checkpoint import complete_checkpoint, load_rank_state, save_rank_state
 from ftexp.trainer.quorum import IndepDPInfo
-from ftexp.trainer.rank_process import answer, rank_cpu_seconds
+from ftexp.trainer.rank_process import WHERE, rank_cpu_seconds
 from ftexp.trainer.step import SectionTimer, record_metrics, record_sections, settle_heap, train_step
 from ftexp.trainer.weight_order import WeightPush
 from ftexp.trainer.weight_push import WeightPusher
@@ -429,7 +430,7 @@ def serve(connections: list[Connection]) -> None:
     method, build_args = calls.recv()
     assert method == "__build__", method
     built: list[Rank] = []
-    answer(calls, lambda: built.append(Rank(*build_args)))
+    answer(calls, lambda: built.append(Rank(*build_args)), WHERE)
     if built:
         threading.Thread(target=_serve_control, args=(built[0], control, faults), name="rank-control",
                          daemon=True).start()
@@ -439,7 +440,7 @@ def serve(connections: list[Connection]) -> None:
         except EOFError:  # the actor is gone
             os._exit(0)
         assert built and method in CALL_METHODS, method
-        answer(calls, lambda: getattr(built[0], method)(*args))
+        answer(calls, lambda: getattr(built[0], method)(*args), WHERE)
 
 
 def _serve_control(rank: Rank, control: Connection, faults: Connection) -> None:
@@ -457,4 +458,4 @@ def _serve_control(rank: Rank, control: Connection, faults: Connection) -> None:
             else:
                 method, args = request
                 assert method in CONTROL_METHODS, method
-                answer(control, lambda: getattr(rank, method)(*args))
+                answer(control, lambda: getattr(rank, method)(*args), WHERE)

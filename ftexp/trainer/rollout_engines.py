@@ -50,12 +50,12 @@ from ftexp.engines.registry import get_engine
 from ftexp.job import JobSpec
 from ftexp.placement import node_resource
 from ftexp.rollout.client import EngineClient
-from ftexp.rollout.engine import EngineGroup, EngineGroupConfig
+from ftexp.rollout.engine import ENGINE_PRELOAD, EngineGroup, EngineGroupConfig
 from ftexp.rollout.live import check_injection, evaluate, generate_live_rollout
 from ftexp.rollout.recorded import load_rollout, save_rollout
 from ftexp.rollout.processes import free_port
 from ftexp.rollout.router import Router
-from ftexp.rollout.server import ServerConfig
+from ftexp.rollout.server_config import ServerConfig
 from ftexp.rollout.sglang_launcher import SglangServer, SglangServerSpec
 from ftexp.rollout.tokenizer import write_ascii_tokenizer
 from ftexp.rollout.weight_sync import engine_checksums
@@ -73,6 +73,11 @@ class EngineAddresses:
 
     router_url: str
     engine_urls: tuple[str, ...]
+
+
+def engine_preload(spec: JobSpec) -> tuple[str, ...]:
+    """What a node's fork server imports for the side's engines: our CPU engines' modules, when it runs them."""
+    return ENGINE_PRELOAD if spec.live_rollout and spec.trainer.rollout.backend == RolloutBackend.cpu else ()
 
 
 class SideEngines:

@@ -18,7 +18,8 @@ from ftexp.config import RolloutBackend, RolloutConfig
 from ftexp.engines.megatron.hf_export import to_hf
 from ftexp.rollout.client import SamplingParams
 from ftexp.rollout.live import sampling_seed
-from ftexp.rollout.server import CpuEngine, ServerConfig
+from ftexp.rollout.server import CpuEngine
+from ftexp.rollout.server_config import ServerConfig
 from loopback_probe import command_line, run_watching_sockets
 from ftexp_runner import assert_passed, report_checks, run_ftexp, run_named
 

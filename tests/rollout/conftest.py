@@ -9,9 +9,9 @@ import pytest
 import torch
 from rollout.tiny_model import write_tiny_qwen3
 
-from ftexp.rollout.engine import RolloutEngine
+from ftexp.rollout.engine_process import EngineServer
 from ftexp.rollout.processes import OFFLINE_ENV
-from ftexp.rollout.server import ServerConfig
+from ftexp.rollout.server_config import ServerConfig
 
 os.environ.update(OFFLINE_ENV)  # tests load tokenizers and models from local directories only
 
@@ -34,10 +34,10 @@ def start_engine(model_dir):
     engines = []
 
     def start(**overrides) -> str:
-        engine = RolloutEngine(ServerConfig(str(model_dir), **overrides))
+        engine = EngineServer(ServerConfig(str(model_dir), **overrides))
         engines.append(engine)
         return engine.start()
 
     yield start
     for engine in engines:
-        engine.shutdown()
+        engine.stop()

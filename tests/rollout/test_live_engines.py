@@ -1,4 +1,5 @@
-"""Engines as Ray actors (one process each) behind the real sglang router, and a sender pushing weights to them."""
+"""Engines as Ray actors (each serving from a process forked for it) behind the real sglang router, and a
+sender pushing weights to them."""
 
 from __future__ import annotations
 
@@ -10,13 +11,15 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import ray
+import psutil  # noqa: E402  (Ray ships psutil and puts it on sys.path)
 from loopback_probe import descendants, foreign_sockets, socket_listing
 from rollout.tiny_model import PROMPT, random_weights
 
 from ftexp.rollout.client import EngineClient, SamplingParams
-from ftexp.rollout.engine import EngineGroup, EngineGroupConfig
+from ftexp.forkserver import forkserver
+from ftexp.rollout.engine import ENGINE_PRELOAD, EngineGroup, EngineGroupConfig
 from ftexp.rollout.router import Router
-from ftexp.rollout.server import ServerConfig
+from ftexp.rollout.server_config import ServerConfig
 from ftexp.rollout.weight_sync import WeightSender, engine_checksums, tensor_checksums
 from ftexp.trainer.local_ray import start_local_ray
 
@@ -26,8 +29,17 @@ def _sampling(seed: int) -> SamplingParams:
 
 
 @pytest.fixture(scope="module")
-def engines(model_dir):
-    start_local_ray(num_cpus=2, log_to_driver=False)
+def fork_server():
+    with forkserver(ENGINE_PRELOAD) as address:  # the engines' processes fork from it
+        start_local_ray(num_cpus=2, log_to_driver=False)
+        try:
+            yield address
+        finally:
+            ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def engines(fork_server, model_dir):
     group = EngineGroup(ServerConfig(str(model_dir)), EngineGroupConfig(num_engines=2))
     try:
         started = time.monotonic()
@@ -36,7 +48,6 @@ def engines(model_dir):
         yield group
     finally:
         group.stop()
-        ray.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +64,9 @@ def router(engines, model_dir):
 def test_engines_in_separate_processes_sample_alike(engines):
     pids = engines.pids()
     assert len(set(pids)) == 2 and os.getpid() not in pids
+    # Each serves from a process the node's fork server forked for it, not from its actor's.
+    server = psutil.Process(pids[0]).parent()
+    assert "ftexp.forkserver" in " ".join(server.cmdline()) and server.ppid() == os.getpid()
     a, b = (EngineClient(url) for url in engines.urls)
     assert a.generate(PROMPT, _sampling(1)).output_ids == b.generate(PROMPT, _sampling(1)).output_ids
     assert a.generate(PROMPT, _sampling(1)).output_ids != a.generate(PROMPT, _sampling(2)).output_ids
@@ -98,6 +112,22 @@ def test_simulated_crash_stops_serving_but_not_the_actor(engines):
     ray.get(actor.simulate_crash.remote(), timeout=30)
     assert not EngineClient(url).is_healthy()
     assert ray.get(actor.pid.remote(), timeout=10) > 0
+
+
+def test_an_engines_process_dies_with_its_actor(fork_server, model_dir):
+    group = EngineGroup(ServerConfig(str(model_dir)), EngineGroupConfig(num_engines=1))
+    try:
+        group.start()
+        (pid,) = group.pids()
+        ray.kill(group.actors[0], no_restart=True)
+        try:
+            psutil.Process(pid).wait(timeout=30)
+        except psutil.NoSuchProcess:
+            pass
+        except psutil.TimeoutExpired:
+            pytest.fail("the engine's process outlived its actor")
+    finally:
+        group.stop()
 
 
 def test_the_loopback_probe_can_fail():

@@ -12,8 +12,9 @@ from rollout.tiny_model import PROMPT, random_weights, write_tiny_qwen3_moe
 
 from ftexp.audit.checksums import tensor_hash
 from ftexp.rollout.client import EngineClient, EngineError, SamplingParams
-from ftexp.rollout.engine import RolloutEngine
-from ftexp.rollout.server import CpuEngine, ServerConfig, sample_token
+from ftexp.rollout.engine_process import EngineServer
+from ftexp.rollout.server import CpuEngine, sample_token
+from ftexp.rollout.server_config import ServerConfig
 
 SAMPLING = SamplingParams(temperature=0.8, top_p=0.95, max_new_tokens=16, sampling_seed=7)
 
@@ -193,7 +194,7 @@ def test_info_endpoints(start_engine, model_dir):
 
 
 def test_moe_engine_takes_and_checksums_per_expert_checkpoint_names(tmp_path):
-    engine = RolloutEngine(ServerConfig(str(write_tiny_qwen3_moe(tmp_path / "moe"))))
+    engine = EngineServer(ServerConfig(str(write_tiny_qwen3_moe(tmp_path / "moe"))))
     try:
         a = EngineClient(engine.start())
         before = a.checksums()
@@ -210,4 +211,4 @@ def test_moe_engine_takes_and_checksums_per_expert_checkpoint_names(tmp_path):
         again = a.generate(PROMPT, SAMPLING, return_logprob=True)
         assert (again.output_ids, again.output_token_logprobs) != (generated.output_ids, generated.output_token_logprobs)
     finally:
-        engine.shutdown()
+        engine.stop()

@@ -21,7 +21,8 @@ from ftexp.rundir import SideDir
 from ftexp.trainer.cell import CellState
 from ftexp.trainer.cell_rank import host_ranks
 from ftexp.trainer.local_ray import start_local_ray
-from ftexp.trainer.rank_forkserver import rank_forkserver
+from ftexp.forkserver import forkserver
+from ftexp.trainer.rank_process import RANK_PRELOAD
 from ftexp.trainer.group import RetryableStepError, TrainGroup
 from ftexp.store import LoopbackStore
 
@@ -31,7 +32,7 @@ FROZEN_FOR_S = 2.0           # how long the survivors wait in the rendezvous bef
 
 @pytest.fixture(scope="module", autouse=True)
 def local_ray():
-    with rank_forkserver(preload=()):  # the actors' rank processes fork from it
+    with forkserver(RANK_PRELOAD):  # the actors' rank processes fork from it
         start_local_ray(num_cpus=3)
         yield
         ray.shutdown()

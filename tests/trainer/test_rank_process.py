@@ -22,9 +22,9 @@ from ftexp.rundir import SideDir
 from ftexp.store import LoopbackStore
 from ftexp.trainer.quorum import IndepDPInfo
 from ftexp.trainer.cell_rank import host_ranks
-from ftexp.trainer.rank_process import answer
+from ftexp.trainer.rank_process import RANK_PRELOAD, WHERE
 from ftexp.trainer.local_ray import start_local_ray
-from ftexp.trainer.rank_forkserver import rank_forkserver
+from ftexp.forkserver import answer, forkserver
 from ftexp.trainer.weight_order import WeightPush
 
 DIES_WITHIN_S = 30.0
@@ -32,7 +32,7 @@ DIES_WITHIN_S = 30.0
 
 @pytest.fixture(scope="module", autouse=True)
 def local_ray():
-    with rank_forkserver(preload=()) as address:  # the actors' rank processes fork from it
+    with forkserver(RANK_PRELOAD) as address:  # the actors' rank processes fork from it
         start_local_ray(num_cpus=2)
         yield address
         ray.shutdown()
@@ -95,7 +95,7 @@ def _stops_answering(handle, within_s: float = DIES_WITHIN_S, call=None) -> bool
 def test_the_replica_lives_in_a_process_forked_by_the_fork_server_without_ray(rank):
     actor, child = _processes(rank)
     server = psutil.Process(child.ppid())
-    assert "ftexp.trainer.rank_forkserver" in " ".join(server.cmdline()) and server.ppid() == os.getpid()
+    assert "ftexp.forkserver" in " ".join(server.cmdline()) and server.ppid() == os.getpid()
     modules = {m.path for m in child.memory_maps()}
     assert not any("_raylet" in path for path in modules), "Ray is loaded into the process that trains"
     assert any("_raylet" in path for path in {m.path for m in actor.memory_maps()})
@@ -149,7 +149,7 @@ def _raise(error: Exception):
 ])
 def test_an_error_reaches_the_actor_as_a_type_it_holds(error, arrives_as, says):
     actor_end, rank_end = Pipe()
-    answer(rank_end, lambda: _raise(error))
+    answer(rank_end, lambda: _raise(error), WHERE)
     kind, sent = actor_end.recv()
     assert kind == "error" and type(sent) is arrives_as and says in str(sent)
     assert "in the rank's process" in (str(sent) + "".join(getattr(sent, "__notes__", [])))

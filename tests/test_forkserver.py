@@ -1,8 +1,9 @@
-"""The rank fork server: a forked child takes the asker's descriptors and environment, its end reaches
-the asker as its exit code, and it outlives neither the asker (even frozen) nor the server.
+"""The fork server: a forked child runs the target it was asked for, takes the asker's descriptors and
+environment, its end reaches the asker as its exit code, and it outlives neither the asker (even
+frozen) nor the server.
 
 The server here is the real ``ForkServer`` loop in a process of its own, forking a small target
-defined below instead of the rank's ``serve``; the asker is this test process or a child of it.
+defined below instead of a rank's or an engine's; the asker is this test process or a child of it.
 """
 
 import os
@@ -18,11 +19,13 @@ import pytest
 import ray  # noqa: F401  (puts Ray's psutil on sys.path)
 import psutil  # noqa: E402
 
-from ftexp.trainer.rank_forkserver import ForkServer
-from ftexp.trainer.rank_process import FORKSERVER_ENV, fork_child
+from ftexp.forkserver import ASKER_PID_ENV, FORKSERVER_ENV, ForkServer, fork_child
 
 HERE = Path(__file__).resolve().parent
 DIES_WITHIN_S = 30.0
+
+
+TARGET = "test_forkserver:echo_target"
 
 
 def echo_target(connections: list[Connection]) -> None:
@@ -31,7 +34,7 @@ def echo_target(connections: list[Connection]) -> None:
     while True:
         request = calls.recv()
         if request == "who":
-            calls.send((os.getpid(), os.environ.get("FTEXP_TEST_MARK"), os.environ.get("FTEXP_RANK_ACTOR_PID")))
+            calls.send((os.getpid(), os.environ.get("FTEXP_TEST_MARK"), os.environ.get(ASKER_PID_ENV)))
         elif request == "print":
             print("printed by the forked child", flush=True)
             calls.send("printed")
@@ -40,7 +43,7 @@ def echo_target(connections: list[Connection]) -> None:
 
 
 def run_server(listener_fd: int) -> None:
-    ForkServer(socket.socket(fileno=listener_fd), echo_target).serve_forever()
+    ForkServer(socket.socket(fileno=listener_fd)).serve_forever()
 
 
 @pytest.fixture
@@ -50,7 +53,7 @@ def server(tmp_path, monkeypatch):
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(path)
     listener.listen(8)
-    code = f"import sys; sys.path.insert(0, {str(HERE)!r}); import test_rank_forkserver as t; t.run_server({listener.fileno()})"
+    code = f"import sys; sys.path.insert(0, {str(HERE)!r}); import test_forkserver as t; t.run_server({listener.fileno()})"
     process = subprocess.Popen([sys.executable, "-c", code], pass_fds=[listener.fileno()])
     listener.close()
     monkeypatch.setenv(FORKSERVER_ENV, path)
@@ -59,10 +62,10 @@ def server(tmp_path, monkeypatch):
     process.wait()
 
 
-def _ask(env: dict[str, str]):
-    """A child for this process, with the rank's three pipes; this process's ends of them."""
+def _ask(env: dict[str, str], target: str = TARGET):
+    """A child for this process, with three pipes (as a rank has); this process's ends of them."""
     ends = [Pipe() for _ in range(3)]
-    child = fork_child([theirs.fileno() for _, theirs in ends], env)
+    child = fork_child(target, [theirs.fileno() for _, theirs in ends], env)
     for _, theirs in ends:
         theirs.close()
     return child, ends[0][0]
@@ -109,7 +112,7 @@ def test_a_child_killed_by_a_signal_reports_it_and_the_server_forks_on(server):
 def test_the_child_writes_to_the_askers_stdout(tmp_path, server):
     # The asker is a process of its own whose stdout is a file: the child's print lands there.
     out = tmp_path / "asker.out"
-    code = (f"import sys; sys.path.insert(0, {str(HERE)!r}); import test_rank_forkserver as t, os\n"
+    code = (f"import sys; sys.path.insert(0, {str(HERE)!r}); import test_forkserver as t, os\n"
             "child, calls = t._ask(dict(os.environ)); calls.send('print'); assert calls.recv() == 'printed'\n")
     with out.open("w") as stdout:
         subprocess.run([sys.executable, "-c", code], stdout=stdout, check=True, timeout=60)
@@ -118,7 +121,7 @@ def test_the_child_writes_to_the_askers_stdout(tmp_path, server):
 
 def test_a_frozen_child_dies_with_its_asker(tmp_path, server):
     # The asker waits for the child's first answer: the child is then past its own start-up.
-    code = (f"import sys; sys.path.insert(0, {str(HERE)!r}); import test_rank_forkserver as t, os, time\n"
+    code = (f"import sys; sys.path.insert(0, {str(HERE)!r}); import test_forkserver as t, os, time\n"
             "child, calls = t._ask(dict(os.environ)); calls.send('who'); calls.recv()\n"
             "print(child.pid, flush=True); time.sleep(600)\n")
     asker = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
@@ -141,8 +144,16 @@ def test_the_children_die_with_the_server(server):
 
 def test_without_a_server_the_ask_fails_with_one_clear_error(monkeypatch):
     monkeypatch.delenv(FORKSERVER_ENV, raising=False)
-    with pytest.raises(RuntimeError, match="no rank fork server on this node"):
+    with pytest.raises(RuntimeError, match="no fork server on this node"):
         _ask(dict(os.environ))
     monkeypatch.setenv(FORKSERVER_ENV, "/nonexistent/rfs.sock")
     with pytest.raises(RuntimeError, match="did not answer"):
         _ask(dict(os.environ))
+
+
+def test_a_target_the_server_cannot_import_is_refused_and_the_server_forks_on(server):
+    with pytest.raises(RuntimeError, match="closed the connection without forking no_such_module:serve"):
+        _ask(dict(os.environ), target="no_such_module:serve")
+    child, calls = _ask(dict(os.environ))
+    calls.send("who")
+    assert calls.recv()[0] == child.pid

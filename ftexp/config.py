@@ -237,7 +237,7 @@ class TrainerConfig:
     retry_backoff_max_s: float = 60.0
     threads_per_rank: int = 1             # also keeps CPU kernels bitwise reproducible
     # The baseline's ranks fork from one server that imported the trainer once, as the target's ranks fork
-    # from their node's rank fork server. true: each starts as a fresh process and imports on its own, as
+    # from their node's fork server. true: each starts as a fresh process and imports on its own, as
     # torchrun's ranks do; shared imported pages make forked ranks' small-model steps faster.
     fresh_baseline_ranks: bool = False
     negative_control: Optional[NegativeControl] = None

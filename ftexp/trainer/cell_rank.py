@@ -1,7 +1,7 @@
 """A cell's ranks on one node, as the driver sees them: one Ray actor, the ranks' address and supervisor.
 
 The actor holds no model: it has one plain process per rank (``ftexp.trainer.rank``), forked by its
-node's fork server (``ftexp.trainer.rank_forkserver``), where the replica's shard lives and trains,
+node's fork server (``ftexp.forkserver``), where the replica's shard lives and trains,
 and forwards every call to it (``ftexp.trainer.rank_process``).
 One actor serves all of a cell's ranks on its node because an idle Ray actor still costs about 1 %
 of a core (its main thread checks for signals every 10 ms): a cell of four ranks pays that once,

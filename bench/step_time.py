@@ -8,7 +8,8 @@ target step's breakdown as its ranks and driver measured it (medians over rollou
 cells): compute (forward/backward/optimizer), cross-cell reduce, weight checksums, witness
 bookkeeping, event writes, the driver's analyzer, and the rest of the driver's round trip (Ray
 calls, refresh; with the audit off, consecutive rollouts train in one call per rank, and the round
-trip falls on the first rollout of each such run). Wall ratios follow the machine's load, which on a shared machine changes between
+trip falls on the first rollout of each such run), with the baseline's ranks' compute, reduce,
+witness and dump sections beside it. Wall ratios follow the machine's load, which on a shared machine changes between
 the baseline's rollouts and the target's; so each side's CPU seconds per committed rollout are
 reported too (its ranks' processes, plus the target's driver; Ray's own daemons not counted), with
 their ratio, and the load average at the start of each run. ``--heal`` adds ``with_failure`` runs
@@ -35,7 +36,7 @@ runs on the same machine, its run dirs in memory (``/dev/shm``) where the host h
 dumps wait on the disk writing back the other's; results go to ``bench/results/<name>.json`` and ``.md``
 (``latest.md`` too).
 Both sides' ranks fork from a process that imported torch and megatron-core once (the baseline's
-multiprocessing fork server, the target's rank fork server per node), as every run starts them: ranks
+multiprocessing fork server, the target's fork server per node), as every run starts them: ranks
 that share their importer's pages run measurably cheaper steps than fresh interpreters (~15 % of CPU on
 megatron's baseline, ``results/2026-12-04_megatron_cpu_gap.md``), so the two sides start alike.
 
@@ -70,6 +71,8 @@ LARGE_MODEL = ["trainer.model.d_model=256", "trainer.model.n_layers=6", "trainer
 # A megatron model whose heal moves ~78 MB (dp2_cp2_tp2_ep2) instead of ~5 MB.
 WIDE_MEGATRON_MODEL = "wide_moe_5layer"
 SECTIONS = ("compute_s", "reduce_s", "checksum_s", "witness_s", "event_write_s", "dump_s", "analyzer_s", "driver_rest_s")
+# The baseline's ranks time the sections the two sides share, so each section's share of the gap shows.
+BASELINE_SECTIONS = ("compute_s", "reduce_s", "witness_s", "dump_s")
 
 
 class PeakMemory:
@@ -209,7 +212,8 @@ def step_row(mode: str, label: str, overrides: list[str], target_first: bool = F
     load = os.getloadavg()[0]
     run_dir, memory, tmp = run(mode, "no_failure", overrides, target_first)
     with tmp:
-        base, targ = perf_rows(run_dir / "baseline"), with_breakdown(run_dir / "target", perf_rows(run_dir / "target"))
+        base = with_breakdown(run_dir / "baseline", perf_rows(run_dir / "baseline"))
+        targ = with_breakdown(run_dir / "target", perf_rows(run_dir / "target"))
         verdict = verdict_of(json.loads((run_dir / "report.json").read_text()))
         row = {"mode": mode, "run": label, "verdict": verdict, "first": "target" if target_first else "baseline",
                "load_avg": load,
@@ -221,6 +225,7 @@ def step_row(mode: str, label: str, overrides: list[str], target_first: bool = F
         row["ratio"] = row["target_s"] / row["baseline_s"]
         row["cpu_ratio"] = row["target_cpu_s"] / row["baseline_cpu_s"] if row["baseline_cpu_s"] else None
         row.update({k: median_of(targ, k) for k in SECTIONS})
+        row.update({f"baseline_{k}": median_of(base, k) for k in BASELINE_SECTIONS})
         return row
 
 
@@ -370,7 +375,8 @@ def target_rows(steps: list[dict], heals: list[dict]) -> list[dict]:
 
 def markdown(steps: list[dict], heals: list[dict], when: str) -> str:
     cols = ["mode", "run", "verdict", "repeats", "load_avg", "baseline_s", "target_s", "ratio", "ratio_range",
-            "best_ratio", "baseline_cpu_s", "target_cpu_s", "cpu_ratio", "cpu_ratio_range", *SECTIONS, "peak_mb"]
+            "best_ratio", "baseline_cpu_s", "target_cpu_s", "cpu_ratio", "cpu_ratio_range", *SECTIONS,
+            *(f"baseline_{k}" for k in BASELINE_SECTIONS), "peak_mb"]
     lines = [f"# ftexp step-time benchmark ({when}, one machine, one invocation, "
              f"run dirs in {RUN_ROOT or tempfile.gettempdir()})"]
     if steps:
@@ -380,7 +386,8 @@ def markdown(steps: list[dict], heals: list[dict], when: str) -> str:
             "the baseline's); the target's breakdown is the median over "
             "rollouts of the slowest cell's section times; `driver_rest_s` is the driver's step time minus its "
             "analyzer and its slowest cell's training of it (Ray round trips, refresh; with the audit off, a call "
-            "trains a run of rollouts, and its first carries the round trip). `*_cpu_s`: the side's CPU "
+            "trains a run of rollouts, and its first carries the round trip); `baseline_*_s`: the same sections of the "
+            "baseline's slowest rank, where the two sides share them. `*_cpu_s`: the side's CPU "
             "seconds per committed rollout (median; ranks, plus the target's driver), which the machine's load "
             "(`load_avg`, 1-minute, at the run's start) moves much less than the wall times.", steps, cols)
     if heals:

@@ -45,7 +45,8 @@ from ftexp.trainer.checkpoint import (complete_checkpoint, load_rank_state, resu
 from ftexp.trainer.local_ray import start_local_ray
 from ftexp.trainer.rollout_engines import (EngineAddresses, SideEngines, engine_preload, publish_engines,
                                            record_update, wait_for_engines, write_rollout)
-from ftexp.trainer.step import record_metrics, record_sections, record_step_time, settle_heap, train_step
+from ftexp.trainer.step import (SectionTimer, record_metrics, record_sections, record_step_time, settle_heap,
+                                train_step)
 from ftexp.trainer.weight_order import WeightPush
 from ftexp.trainer.weight_push import WeightPusher
 from ftexp.store import LoopbackStore
@@ -76,10 +77,17 @@ def _rank_main(spec: JobSpec, rank: int, world_size: int, store_port: int, witne
         allocator = WitnessIdAllocator(spec.trainer.witness_buffer_size)
         allocator.resume(witness_counter)
 
+    timer = SectionTimer()  # this rank's step breakdown, as the target's ranks record theirs
+
     def reduce(flat: torch.Tensor) -> bool:
         if not replica.reduces_data_parallel:
-            sum_across(None, flat, world_size=world_size, deterministic=spec.deterministic, torchft=False)
+            with timer.section("reduce_s"):
+                sum_across(None, flat, world_size=world_size, deterministic=spec.deterministic, torchft=False)
         return True
+
+    def dump(leaf) -> None:
+        with timer.section("dump_s"):
+            replica.dump(leaf)
 
     engines = wait_for_engines(store, spec.trainer.rollout.engine_start_timeout_s) if spec.live_rollout else None
     pusher = WeightPusher() if engines is not None else None
@@ -103,16 +111,20 @@ def _rank_main(spec: JobSpec, rank: int, world_size: int, store_port: int, witne
             dist.barrier()
         started = time.monotonic()  # like the target's step, which loads the rollout in its ranks
         cpu_started = time.process_time()
+        timer.seconds.clear()
         rollout = load_rollout(rollout_path(spec.data_dir, rollout_id), expected_rollout_id=rollout_id)
-        dump = (lambda: replica.dump(spec.side_dir.dump_leaf(rollout_id))) if dp_rank == 0 else (lambda: None)
+        on_commit = (lambda: dump(spec.side_dir.dump_leaf(rollout_id))) if dp_rank == 0 else (lambda: None)
         witness = allocator.allocate(len(rollout["samples"])) if allocator is not None else None
         if witness is not None and rank == 0:
             events.log(allocation_event(rollout_id, 0, witness, allocator.counter))
         _, metrics = train_step(replica, rollout, rollout_id, 0, shard_rank=dp_rank, shard_size=dp_size,
-                                witness=witness, events=events, reduce=reduce, on_commit=dump)
+                                witness=witness, events=events, reduce=reduce, on_commit=on_commit, timer=timer)
         if rank == 0:  # as the target's first cell does inside its train call
             record_metrics(spec.side_dir, events, rollout_id, 0, metrics)
-        record_sections(spec.side_dir, rollout_id, 0, None, rank, {"cpu_s": time.process_time() - cpu_started})
+        total_s = time.monotonic() - started
+        record_sections(spec.side_dir, rollout_id, 0, None, rank,
+                        dict(timer.seconds, compute_s=total_s - sum(timer.seconds.values()), total_s=total_s,
+                             cpu_s=time.process_time() - cpu_started))
         dist.barrier()  # every rank committed: the step's end (``record_step_time`` says what both sides time)
         if rank == 0:
             record_step_time(spec.side_dir, rollout_id, time.monotonic() - started)
@@ -241,7 +253,7 @@ def rank_start_context(fresh: bool, preload_modules: tuple[str, ...]) -> mp.cont
     imports of megatron cost ~50 CPU-seconds on 2 cores. torch's compiler too: a torch optimizer
     imports it when it is built (1.4 CPU-seconds a rank). The server forks before any rank creates
     threads or process groups, so each rank still starts clean (the target's ranks fork the same way,
-    from their node's rank fork server). ``fresh``: each rank is a new interpreter that imports on its own.
+    from their node's fork server). ``fresh``: each rank is a new interpreter that imports on its own.
     """
     if fresh:
         return mp.get_context("spawn")

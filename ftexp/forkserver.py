@@ -8,8 +8,9 @@ forks a ready process from itself on request, in milliseconds; the child shares 
 until it writes them. It is started before the node's Ray processes (they and their workers inherit
 its address in ``FORKSERVER_ENV``) and ends with the process that started it.
 
-One request per child, on a ``SOCK_SEQPACKET`` Unix socket, from the process that will own the child
-(its "asker", a Ray actor: ``ftexp.trainer.rank_process``, ``ftexp.rollout.engine``):
+One request per child, on an abstract ``SOCK_SEQPACKET`` Unix socket (nothing on disk; only the
+server's own user may ask), from the process that will own the child (its "asker", a Ray actor:
+``ftexp.trainer.rank_process``, ``ftexp.rollout.engine``):
 
 1. the asker connects and sends its pid, its environment and the child's target (``module:function``),
    with descriptors attached: the target's pipe ends, then the asker's own stdout and stderr (so the
@@ -34,24 +35,25 @@ import ctypes
 import importlib
 import os
 import pickle
+import secrets
 import selectors
 import signal
 import socket
 import struct
 import subprocess
 import sys
-import tempfile
 import traceback
 from collections.abc import Iterator
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Callable
 
-FORKSERVER_ENV = "FTEXP_FORKSERVER"  # the node's fork server's socket path, inherited by its Ray workers
+FORKSERVER_ENV = "FTEXP_FORKSERVER"  # the node's fork server's socket address, inherited by its Ray workers
 ASKER_PID_ENV = "FTEXP_FORKED_FOR"  # in a child: the pid of the process it was forked for (its parent is the server)
 MAX_DESCRIPTORS = 8  # a target's pipe ends, plus the asker's stdout and stderr
 MAX_REQUEST_BYTES = 1 << 20
 PID, EXIT_CODE = struct.Struct("!q"), struct.Struct("!i")
+PEER_CREDENTIALS = struct.Struct("3i")  # SO_PEERCRED: the asker's pid, uid, gid
 PR_SET_PDEATHSIG = 1  # prctl option: the signal the kernel sends this process when its parent dies
 
 # Errors that travel to the asker as themselves: unpickling one imports its class's module there, and an
@@ -78,10 +80,10 @@ def forkserver(preload: tuple[str, ...]) -> Iterator[str]:
 
     The listening socket is bound here and handed to the server, so a request made before the server has
     finished importing waits in the socket's backlog instead of failing."""
-    directory = tempfile.mkdtemp(prefix="ftexp-fs-")  # short: a Unix socket path holds ~100 bytes
-    path = os.path.join(directory, "socket")
+    # An abstract socket (Linux): nothing on disk to clean up, even when this process is SIGKILLed.
+    address = f"@ftexp-forkserver-{os.getpid()}-{secrets.token_hex(8)}"
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    listener.bind(path)
+    listener.bind(_socket_name(address))
     listener.listen(64)
     package_root = str(Path(__file__).resolve().parents[1])  # where ``ftexp`` is importable from
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])),
@@ -90,9 +92,9 @@ def forkserver(preload: tuple[str, ...]) -> Iterator[str]:
                                str(listener.fileno()), *preload], pass_fds=[listener.fileno()], env=env)
     listener.close()
     previous = os.environ.get(FORKSERVER_ENV)
-    os.environ[FORKSERVER_ENV] = path
+    os.environ[FORKSERVER_ENV] = address
     try:
-        yield path
+        yield address
     finally:
         if previous is None:
             os.environ.pop(FORKSERVER_ENV, None)
@@ -100,9 +102,12 @@ def forkserver(preload: tuple[str, ...]) -> Iterator[str]:
             os.environ[FORKSERVER_ENV] = previous
         server.kill()  # its children get SIGKILL with it
         server.wait()
-        with contextlib.suppress(OSError):
-            os.unlink(path)
-            os.rmdir(directory)
+
+
+def _socket_name(address: str) -> str:
+    """The name to bind or connect: ``@name`` is the abstract socket ``name`` (an environment variable holds no
+    NUL byte), anything else a path."""
+    return "\0" + address[1:] if address.startswith("@") else address
 
 
 # ---- the server ----------------------------------------------------------------------------------
@@ -127,6 +132,11 @@ class ForkServer:
         conn, _ = listener.accept()
         fds: list[int] = []
         try:
+            # An abstract socket has no file permissions: only this user's processes may ask.
+            _, uid, _ = PEER_CREDENTIALS.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                                PEER_CREDENTIALS.size))
+            if uid != os.getuid():
+                raise PermissionError(f"a request from uid {uid} refused")
             message, fds, _, _ = socket.recv_fds(conn, MAX_REQUEST_BYTES, MAX_DESCRIPTORS)
             request = pickle.loads(message)
             target = _resolve(request["target"])  # imported here, once, if the preload did not
@@ -230,22 +240,22 @@ class ForkedChild:
 def fork_child(target: str, descriptors: list[int], env: dict[str, str]) -> ForkedChild:
     """Ask this node's fork server for a process that runs ``target`` (``module:function``) on ``descriptors``
     (this process's stdout and stderr are added) with ``env``. The child lives while this process does."""
-    path = os.environ.get(FORKSERVER_ENV)
-    if not path:
+    address = os.environ.get(FORKSERVER_ENV)
+    if not address:
         raise RuntimeError(f"no fork server on this node ({FORKSERVER_ENV} is not set): the driver or node "
                            "launcher starts one before Ray")
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
-        sock.connect(path)
+        sock.connect(_socket_name(address))
         request = pickle.dumps({"target": target, "asker_pid": os.getpid(), "env": env})
         socket.send_fds(sock, [request], [*descriptors, sys.stdout.fileno(), sys.stderr.fileno()])
         data = sock.recv(PID.size)
     except OSError as e:
         sock.close()
-        raise RuntimeError(f"the fork server at {path} did not answer: {e}") from e
+        raise RuntimeError(f"the fork server at {address} did not answer: {e}") from e
     if len(data) != PID.size:
         sock.close()
-        raise RuntimeError(f"the fork server at {path} closed the connection without forking {target} "
+        raise RuntimeError(f"the fork server at {address} closed the connection without forking {target} "
                            "(its log says why)")
     return ForkedChild(sock, PID.unpack(data)[0])
 

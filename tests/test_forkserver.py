@@ -19,7 +19,7 @@ import pytest
 import ray  # noqa: F401  (puts Ray's psutil on sys.path)
 import psutil  # noqa: E402
 
-from ftexp.forkserver import ASKER_PID_ENV, FORKSERVER_ENV, ForkServer, fork_child
+from ftexp.forkserver import ASKER_PID_ENV, FORKSERVER_ENV, ForkServer, fork_child, forkserver
 
 HERE = Path(__file__).resolve().parent
 DIES_WITHIN_S = 30.0
@@ -157,3 +157,30 @@ def test_a_target_the_server_cannot_import_is_refused_and_the_server_forks_on(se
     child, calls = _ask(dict(os.environ))
     calls.send("who")
     assert calls.recv()[0] == child.pid
+
+
+SYSTEM_PYTHON = Path("/usr/bin/python3")  # an interpreter another user may run (this venv's may sit under /root)
+
+
+@pytest.mark.skipif(os.getuid() != 0 or not SYSTEM_PYTHON.exists(),
+                    reason="asking as another user needs root to switch users, and a system python3")
+def test_another_users_request_is_refused(monkeypatch):
+    # The real server, on its abstract socket (which has no file permissions); the asker runs as nobody and
+    # sends a well-formed request: the server closes the connection (0 bytes back) instead of forking.
+    asker = ("import pickle, socket, sys\n"
+             "sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET); sock.connect('\\0' + sys.argv[1][1:])\n"
+             "request = pickle.dumps({'target': 'os:getpid', 'asker_pid': 1, 'env': {}})\n"
+             "try:\n"
+             "    socket.send_fds(sock, [request], [1, 2]); print(len(sock.recv(8)))\n"
+             "except (ConnectionResetError, BrokenPipeError):\n"
+             "    print(0)  # closed before the request went out\n")
+    monkeypatch.setenv("PYTHONPATH", str(HERE))  # where the server finds this module's target
+    with forkserver(preload=()) as address:
+        assert address.startswith("@")
+        result = subprocess.run([str(SYSTEM_PYTHON), "-c", asker, address], user=65534, capture_output=True, text=True,
+                                timeout=60)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.strip() == "0", "the server answered a request from another user"
+        child, calls = _ask(dict(os.environ))  # its own user is served
+        calls.send("who")
+        assert calls.recv()[0] == child.pid

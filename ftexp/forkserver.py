@@ -25,7 +25,8 @@ The server is single-threaded — one selector over its socket, its connections 
 pidfds — so a fork copies no lock that another thread holds, and it never runs torch itself, so a
 child starts before any thread pool exists. Its children get SIGKILL from the kernel when it dies.
 
-Over a child's pipes, ``answer`` sends a call's result or its exception; the asker's side re-raises it.
+Over a child's pipes, ``answer`` sends a call's result or its exception and ``ask`` returns it or
+re-raises it; ``end_with`` ends the asker when its child ends, so the two die together either way.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import importlib
+import logging
 import os
 import pickle
 import secrets
@@ -42,12 +44,14 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 import traceback
 from collections.abc import Iterator
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Callable
 
+log = logging.getLogger(__name__)
 FORKSERVER_ENV = "FTEXP_FORKSERVER"  # the node's fork server's socket address, inherited by its Ray workers
 ASKER_PID_ENV = "FTEXP_FORKED_FOR"  # in a child: the pid of the process it was forked for (its parent is the server)
 MAX_DESCRIPTORS = 8  # a target's pipe ends, plus the asker's stdout and stderr
@@ -260,7 +264,38 @@ def fork_child(target: str, descriptors: list[int], env: dict[str, str]) -> Fork
     return ForkedChild(sock, PID.unpack(data)[0])
 
 
+def end_with(child: ForkedChild, what: str) -> None:
+    """From now on, this process ends when ``child`` does, the same way (killed by a signal: SIGKILL; else its
+    exit code): a thread waits for it. ``what``: the child, for the log line ("the rank's process")."""
+
+    def keep() -> None:
+        code = child.wait()
+        how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+        log.warning("%s (pid %d) ended (%s); the process it was forked for (pid %d) ends too", what, child.pid, how,
+                    os.getpid())
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if code < 0:
+            os.kill(os.getpid(), signal.SIGKILL)
+        os._exit(code or 1)
+
+    threading.Thread(target=keep, name="forked-child-keeper", daemon=True).start()
+
+
 # ---- calls over a child's pipes ------------------------------------------------------------------
+
+
+def ask(conn: Connection, request: Any) -> Any:
+    """Send ``request`` to the child and return its answer, or raise the error it answered. If the child died,
+    this waits for `end_with`'s thread to end this process."""
+    try:
+        conn.send(request)
+        kind, value = conn.recv()
+    except (EOFError, OSError):
+        threading.Event().wait()
+    if kind == "error":
+        raise value
+    return value
 
 
 def answer(conn: Connection, work: Callable[[], Any], where: str) -> None:

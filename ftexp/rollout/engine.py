@@ -22,8 +22,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import signal
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -33,7 +31,7 @@ from typing import Any
 import httpx
 import ray
 
-from ftexp.forkserver import fork_child
+from ftexp.forkserver import ask, end_with, fork_child
 from ftexp.http_client import short_keepalive_client
 from ftexp.rollout.server_config import ServerConfig
 
@@ -51,7 +49,7 @@ class RolloutEngine:
         self._lock = threading.Lock()  # one command at a time
         self.child = fork_child(ENGINE_TARGET, [theirs.fileno()], dict(os.environ))
         theirs.close()
-        threading.Thread(target=self._keep, name="engine-process-keeper", daemon=True).start()
+        end_with(self.child, "the rollout engine's process")
 
     def start(self, timeout_s: float = 60.0) -> str:
         """Load the model, serve it; returns ``http://ADDRESS:PORT`` (see the module docstring) once it listens."""
@@ -72,25 +70,7 @@ class RolloutEngine:
 
     def _ask(self, *command: Any) -> Any:
         with self._lock:
-            try:
-                self._commands.send(command)
-                kind, value = self._commands.recv()
-            except (EOFError, OSError):  # the engine's process died: the keeper ends this actor in a moment
-                threading.Event().wait()
-        if kind == "error":
-            raise value
-        return value
-
-    def _keep(self) -> None:
-        """Wait for the engine's process to end, then end the actor the same way."""
-        code = self.child.wait()
-        log.warning("the rollout engine's process (pid %d) ended (%s); its actor ends too", self.child.pid,
-                    f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}")
-        sys.stdout.flush()
-        sys.stderr.flush()
-        if code < 0:
-            os.kill(os.getpid(), signal.SIGKILL)
-        os._exit(code or 1)
+            return ask(self._commands, command)
 
 
 def wait_healthy(url: str, timeout_s: float) -> None:

@@ -28,18 +28,14 @@ An actor's call whose answer the death cut off waits for that end instead of rai
 
 from __future__ import annotations
 
-import logging
 import os
-import signal
-import sys
 import threading
 import time
-from multiprocessing.connection import Connection, Pipe
+from multiprocessing.connection import Pipe
 from typing import Any
 
-from ftexp.forkserver import ASKER_PID_ENV, fork_child
+from ftexp.forkserver import ASKER_PID_ENV, ask, end_with, fork_child
 
-log = logging.getLogger(__name__)
 RANK_TARGET = "ftexp.trainer.rank:serve"  # what the fork server runs in a rank's process
 RANK_PRELOAD = ("ftexp.trainer.rank", "torch._dynamo")  # a torch optimizer imports torch's compiler when it is
 # built (~2.4 CPU-seconds): a fork server for ranks imports it once
@@ -73,42 +69,20 @@ class RankProcess:
                                 dict(os.environ, **{RANKS_IN_ACTOR_ENV: str(ranks_in_actor)}))
         for t in theirs:
             t.close()
-        threading.Thread(target=self._keep, name="rank-process-keeper", daemon=True).start()
+        end_with(self.child, "the rank's process")
 
     def build(self, *build_args: Any) -> None:
         """The first call: the rank builds (``ftexp.trainer.rank.Rank``'s arguments)."""
         self.call("__build__", *build_args)
 
-    def _keep(self) -> None:
-        """Wait for the rank's process to end, then end the actor the same way."""
-        code = self.child.wait()
-        how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
-        log.warning("the rank's process (pid %d) ended (%s); its actor ends too", self.child.pid, how)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        if code < 0:
-            os.kill(os.getpid(), signal.SIGKILL)
-        os._exit(code or 1)
-
     def call(self, method: str, *args: Any) -> Any:
         """A training-side call (one at a time): its result, or its exception raised here."""
-        return self._ask(self.calls, (method, args))
+        return ask(self.calls, (method, args))
 
     def ask_control(self, method: str, *args: Any) -> Any:
         """A control call, answered by the rank process's control thread even while a call trains."""
         with self._control_lock:
-            return self._ask(self.control, (method, args))
+            return ask(self.control, (method, args))
 
     def inject_fault(self, mode: str) -> None:
         self.faults.send(mode)
-
-    @staticmethod
-    def _ask(conn: Connection, request: tuple) -> Any:
-        try:
-            conn.send(request)
-            kind, value = conn.recv()
-        except (EOFError, OSError):  # the rank's process died: the keeper ends this actor in a moment
-            threading.Event().wait()
-        if kind == "error":
-            raise value
-        return value

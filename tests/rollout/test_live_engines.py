@@ -4,6 +4,7 @@ sender pushing weights to them."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -126,6 +127,21 @@ def test_an_engines_process_dies_with_its_actor(fork_server, model_dir):
             pass
         except psutil.TimeoutExpired:
             pytest.fail("the engine's process outlived its actor")
+    finally:
+        group.stop()
+
+
+def test_an_actor_dies_with_its_engines_process(fork_server, model_dir):
+    group = EngineGroup(ServerConfig(str(model_dir)), EngineGroupConfig(num_engines=1))
+    try:
+        group.start()
+        (pid,) = group.pids()
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(ray.exceptions.RayActorError):
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:  # the actor's keeper ends it a moment after the process died
+                ray.get(group.actors[0].pid.remote(), timeout=10)
+                time.sleep(0.1)
     finally:
         group.stop()
 

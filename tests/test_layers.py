@@ -13,8 +13,8 @@ import ftexp
 
 ROOT = Path(ftexp.__file__).parent
 # Bottom-up. A component may import only itself and those before it.
-LAYERS = ["errors", "missing", "environment", "atomic_files", "http_client", "store", "rundir", "control", "faults", "config",
-          "placement", "audit", "verify", "engines", "job", "tasks", "rollout", "trainer", "scenarios", "launch",
+LAYERS = ["errors", "missing", "environment", "atomic_files", "http_client", "store", "forkserver", "rundir", "control",
+          "faults", "config", "placement", "audit", "verify", "engines", "job", "tasks", "rollout", "trainer", "scenarios", "launch",
           "tracking", "validate", "pipeline", "cli", "__main__"]
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import base64
 import io
-import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
@@ -201,13 +200,6 @@ class EngineClient:
         except EngineError:
             return False
         return True
-
-    def wait_healthy(self, timeout_s: float = 60.0, interval_s: float = 0.1) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not self.is_healthy():
-            if time.monotonic() > deadline:
-                raise EngineError(f"GET {self.base_url}/health: not healthy within {timeout_s:.0f} s")
-            time.sleep(interval_s)
 
     def model_info(self) -> dict[str, Any]:
         return self._json("GET", "/model_info")

@@ -24,6 +24,7 @@ import logging
 import multiprocessing as mp
 import sys
 import time
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 
@@ -121,10 +122,8 @@ def _rank_main(spec: JobSpec, rank: int, world_size: int, store_port: int, witne
                                 witness=witness, events=events, reduce=reduce, on_commit=on_commit, timer=timer)
         if rank == 0:  # as the target's first cell does inside its train call
             record_metrics(spec.side_dir, events, rollout_id, 0, metrics)
-        total_s = time.monotonic() - started
         record_sections(spec.side_dir, rollout_id, 0, None, rank,
-                        dict(timer.seconds, compute_s=total_s - sum(timer.seconds.values()), total_s=total_s,
-                             cpu_s=time.process_time() - cpu_started))
+                        dict(timer.breakdown(time.monotonic() - started), cpu_s=time.process_time() - cpu_started))
         dist.barrier()  # every rank committed: the step's end (``record_step_time`` says what both sides time)
         if rank == 0:
             record_step_time(spec.side_dir, rollout_id, time.monotonic() - started)
@@ -197,10 +196,8 @@ def _run_baseline_ranks(spec: JobSpec, node: int, files: NodeFiles | None, host:
         if side_engines is not None and node == 0:
             if on_rollout_nodes:  # the router here, over the engines the rollout nodes' tasks publish
                 start = partial(_route_rollout_node_engines, spec, files, side_engines)
-            else:  # engines are Ray actors: a private Ray instance for this side, its engines forked ready
-                engines_ray.enter_context(forkserver(engine_preload(spec)))
-                start_local_ray(num_cpus=2)
-                engines_ray.callback(ray.shutdown)
+            else:  # engines are Ray actors: a private Ray instance for this side
+                engines_ray.enter_context(_ray_for_engines(spec))
                 start = side_engines.start
             # The engines start while the ranks import and build their models; every rank waits for
             # their addresses on the store before the initial weight sync.
@@ -213,15 +210,23 @@ def _run_baseline_ranks(spec: JobSpec, node: int, files: NodeFiles | None, host:
                 side_engines.stop()
 
 
+@contextlib.contextmanager
+def _ray_for_engines(spec: JobSpec, node_ip: str = "127.0.0.1") -> Iterator[None]:
+    """A private Ray instance for the side's engine actors on this node, with the fork server their processes
+    start from (imports done)."""
+    with forkserver(engine_preload(spec)):
+        start_local_ray(num_cpus=2, node_ip=node_ip)
+        try:
+            yield
+        finally:
+            ray.shutdown()
+
+
 def _serve_engines(spec: JobSpec, side_engines: SideEngines, node: int, files: NodeFiles, host: str) -> None:
     """A rollout node's task: its engines in a private Ray instance on the node's address, their URLs published for
     the head's router (``engines<node>``), serving until the head is done."""
     engines = spec.placement.engines_on(node)
-    with contextlib.ExitStack() as engines_ray:
-        if engines:
-            engines_ray.enter_context(forkserver(engine_preload(spec)))
-            start_local_ray(num_cpus=2, node_ip=host)
-            engines_ray.callback(ray.shutdown)
+    with _ray_for_engines(spec, host) if engines else contextlib.nullcontext():
         try:
             if engines:
                 urls = side_engines.start_engines(len(engines))

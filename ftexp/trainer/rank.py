@@ -370,10 +370,8 @@ class Rank:
                          events_before: float, cpu_s: float) -> None:
         """Where this rank's step went (compute is what the named sections leave), and its CPU seconds (with its
         actor's)."""
-        seconds = dict(timer.seconds, event_write_s=self.events.write_s - events_before, total_s=total_s)
-        seconds["compute_s"] = total_s - sum(v for k, v in seconds.items() if k != "total_s")
-        seconds["cpu_s"] = cpu_s
-        record_sections(self.spec.side_dir, rollout_id, attempt, self.cell_index, self.rank, seconds)
+        seconds = timer.breakdown(total_s, event_write_s=self.events.write_s - events_before)
+        record_sections(self.spec.side_dir, rollout_id, attempt, self.cell_index, self.rank, dict(seconds, cpu_s=cpu_s))
 
     def update_weights(self, order: WeightPush) -> dict[str, str] | None:
         """Push this cell's weights to the rollout engines (all ranks export; the first sends)."""

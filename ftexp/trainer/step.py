@@ -40,6 +40,12 @@ class SectionTimer:
         finally:
             self.seconds[name] += time.perf_counter() - started
 
+    def breakdown(self, total_s: float, **measured: float) -> dict[str, float]:
+        """The step's sections (these and ``measured`` elsewhere), ``compute_s`` (what they leave of ``total_s``)
+        and ``total_s``."""
+        seconds = dict(self.seconds, **measured)
+        return dict(seconds, compute_s=total_s - sum(seconds.values()), total_s=total_s)
+
 
 def settle_heap() -> None:
     """Keep the objects a rank's start-up made (imports, the model: ~350k) out of the garbage collector's sight.

@@ -26,6 +26,7 @@ runs in a row); each configuration therefore runs ``--repeats`` times and the ro
 run (by wall ratio) with the range of both ratios over the repeats, and the ratio of each side's
 fastest run (noise only ever adds time). The repeats take turns at which side trains first (the
 baseline in the first), so that what the first side leaves on the machine does not always fall on the target.
+A configuration's repeats train on the same rollouts, recorded once before them.
 ``--large`` trains a torch model big enough that a step takes about a second on a 2-core CPU,
 so fixed costs and per-byte costs show apart; with ``--heal``, a megatron mode also heals a model with
 ~15x the bytes of its own (``wide_moe_5layer``), whose transfer is mostly bytes, not per-message costs.
@@ -49,14 +50,17 @@ megatron's baseline, ``results/2026-12-04_megatron_cpu_gap.md``), so the two sid
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Callable
 
@@ -182,18 +186,39 @@ def memory_backed_dir() -> str | None:
 RUN_ROOT = memory_backed_dir()
 
 
-def run(mode: str, scenario: str, overrides: list[str], target_first: bool = False
+def _ftexp(mode: str, scenario: str, run_dir: Path, overrides: list[str]) -> list[str]:
+    return [sys.executable, "-m", "ftexp", f"mode={mode}", f"scenario={scenario}", f"hydra.run.dir={run_dir}",
+            *overrides]
+
+
+@contextlib.contextmanager
+def recorded_rollouts(mode: str, overrides: list[str]) -> Iterator[Path]:
+    """The rollouts a configuration's no_failure runs train on, recorded once (``stage=prepare``) for all its
+    repeats: they depend only on the configuration, and the ~1 s/step model's 16 took minutes to sample."""
+    with tempfile.TemporaryDirectory(dir=RUN_ROOT) as tmp:
+        run_dir = Path(tmp) / "run"
+        done = subprocess.run(_ftexp(mode, "no_failure", run_dir, [*overrides, "stage=prepare"]),
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            last = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else ""
+            raise RunFailed(f"stage=prepare: exit {done.returncode}: {last}")
+        yield run_dir / "rollout_data"
+
+
+def run(mode: str, scenario: str, overrides: list[str], target_first: bool = False, rollouts: Path | None = None
         ) -> tuple[Path, PeakMemory, tempfile.TemporaryDirectory]:
     """One ``python -m ftexp`` run in a fresh run dir; ``target_first``: the target's side trains before the
-    baseline's (``stage=target``, ``stage=baseline``, then ``stage=compare`` for the verdict) instead of after it.
+    baseline's (``stage=target``, ``stage=baseline``, then ``stage=compare`` for the verdict) instead of after it;
+    ``rollouts``: recorded rollouts to train on (the run checks them instead of sampling its own).
     The returned memory is the peak of whichever invocation peaked."""
     tmp = tempfile.TemporaryDirectory(dir=RUN_ROOT)
     run_dir = Path(tmp.name) / "run"
+    if rollouts is not None and rollouts.is_dir():
+        shutil.copytree(rollouts, run_dir / "rollout_data")
     stages = [["stage=target"], ["stage=baseline"], ["stage=compare", f"run_dir={run_dir}"]] if target_first else [[]]
     peak = None
     for stage in stages:
-        proc = subprocess.Popen([sys.executable, "-m", "ftexp", f"mode={mode}", f"scenario={scenario}",
-                                 f"hydra.run.dir={run_dir}", *overrides, *stage], stdout=subprocess.PIPE,
+        proc = subprocess.Popen(_ftexp(mode, scenario, run_dir, [*overrides, *stage]), stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
         memory = PeakMemory(proc.pid)
         _, stderr = proc.communicate()
@@ -208,9 +233,10 @@ def run(mode: str, scenario: str, overrides: list[str], target_first: bool = Fal
     return run_dir, peak, tmp
 
 
-def step_row(mode: str, label: str, overrides: list[str], target_first: bool = False) -> dict:
+def step_row(mode: str, label: str, overrides: list[str], target_first: bool = False,
+             rollouts: Path | None = None) -> dict:
     load = os.getloadavg()[0]
-    run_dir, memory, tmp = run(mode, "no_failure", overrides, target_first)
+    run_dir, memory, tmp = run(mode, "no_failure", overrides, target_first, rollouts)
     with tmp:
         base = with_breakdown(run_dir / "baseline", perf_rows(run_dir / "baseline"))
         targ = with_breakdown(run_dir / "target", perf_rows(run_dir / "target"))
@@ -242,8 +268,9 @@ def repeated_step_row(mode: str, label: str, overrides: list[str], repeats: int)
     """The median of ``repeats`` runs by wall ratio, with the range of the wall and CPU ratios over them. The runs
     take turns at which side trains first (the baseline in the first run), so that what one side leaves behind on
     the machine does not always land on the same side."""
-    rows = sorted((step_row(mode, label, overrides, target_first=i % 2 == 1) for i in range(repeats)),
-                  key=lambda r: r["ratio"])
+    with recorded_rollouts(mode, overrides) as rollouts:
+        rows = sorted((step_row(mode, label, overrides, i % 2 == 1, rollouts) for i in range(repeats)),
+                      key=lambda r: r["ratio"])
     row = median_run(rows, rows)
     row["ratio_range"] = f"{rows[0]['ratio']:.3f}–{rows[-1]['ratio']:.3f}"
     cpu = sorted(r["cpu_ratio"] for r in rows if r["cpu_ratio"] is not None)

@@ -44,6 +44,7 @@ megatron's baseline, ``results/2026-12-04_megatron_cpu_gap.md``), so the two sid
     python bench/step_time.py                              # dp2 and dp4, 16 rollouts, 3 runs each
     python bench/step_time.py --modes dp2 --heal --large   # + heal timings + a ~1 s/step model
     python bench/step_time.py --modes dp2_cp2_tp2_ep2 --heal-only --large   # megatron heals, its model and a wide one
+    python bench/step_time.py --modes dp2_cp2_tp2_ep2 --audit off --repeats 5   # one bound, more repeats
     python bench/step_time.py --modes dp2_cp2_tp2_ep2 dp2_cp2_pp2 dp4_cp2 --rollouts 12   # megatron cells
 """
 
@@ -458,6 +459,8 @@ def main() -> int:
                         help="with_failure runs per heal configuration (the median by transfer rate is reported)")
     parser.add_argument("--heal-only", action="store_true",
                         help="only the with_failure runs (no step rows; latest.md, the step table, is left as it is)")
+    parser.add_argument("--audit", choices=["on", "off", "both"], default="both",
+                        help="which of a mode's no_failure runs to time: with the audit on, off, or both")
     parser.add_argument("--large", action="store_true",
                         help="also run a ~1 s/step torch model (torch modes); with --heal, heal a wide megatron model")
     parser.add_argument("--name", default=dt.datetime.now().strftime("%Y-%m-%d_%H%M"), help="results file name")
@@ -465,7 +468,8 @@ def main() -> int:
     rollouts = [f"scenario.num_rollout={args.rollouts}"]
     steps, heals = [], []
     for mode in args.modes:
-        for label, extra in [] if args.heal_only else [("audit on", []), ("audit off", ["trainer.audit=false"])]:
+        for audit in [] if args.heal_only else ["on", "off"] if args.audit == "both" else [args.audit]:
+            label, extra = f"audit {audit}", [] if audit == "on" else ["trainer.audit=false"]
             measure(steps, {"mode": mode, "run": label}, repeated_step_row, mode, label, rollouts + extra, args.repeats)
         if args.large and engine_of(mode) == "torch" and not args.heal_only:
             measure(steps, {"mode": mode, "run": "large, audit on"}, repeated_step_row, mode, "large, audit on",

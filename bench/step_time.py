@@ -270,9 +270,9 @@ def repeated_step_row(mode: str, label: str, overrides: list[str], repeats: int)
     take turns at which side trains first (the baseline in the first run), so that what one side leaves behind on
     the machine does not always land on the same side."""
     with recorded_rollouts(mode, overrides) as rollouts:
-        rows = sorted((step_row(mode, label, overrides, i % 2 == 1, rollouts) for i in range(repeats)),
-                      key=lambda r: r["ratio"])
-    row = median_run(rows, rows)
+        runs = [step_row(mode, label, overrides, i % 2 == 1, rollouts) for i in range(repeats)]
+    rows = sorted(runs, key=lambda r: r["ratio"])
+    row = median_run(rows, runs)  # the runs in the order they ran: the host's drift shows
     row["ratio_range"] = f"{rows[0]['ratio']:.3f}–{rows[-1]['ratio']:.3f}"
     cpu = sorted(r["cpu_ratio"] for r in rows if r["cpu_ratio"] is not None)
     row["cpu_ratio_range"] = f"{cpu[0]:.3f}–{cpu[-1]:.3f}" if cpu else None

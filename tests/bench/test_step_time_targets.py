@@ -106,12 +106,12 @@ def test_repeated_heals_give_the_median_run_by_transfer_rate_and_its_range(monke
     assert "runs" not in markdown([], [row], "now").split("Crash → shrink")[1].splitlines()[2]  # not a column
 
 
-def test_a_configurations_repeats_train_on_rollouts_recorded_once(monkeypatch):
-    trained_on = []
+def test_a_configurations_repeats_train_on_rollouts_recorded_once_and_keep_their_order(monkeypatch):
+    trained_on, ratios = [], iter([1.05, 1.01, 1.03])
 
     def step_row(mode, label, overrides, target_first, rollouts):
         trained_on.append((target_first, rollouts, sorted(p.name for p in rollouts.iterdir())))
-        return {**_step(mode, label, 1.0 + len(trained_on) / 100), "cpu_ratio": 1.0, "target_s": 1.0, "baseline_s": 1.0}
+        return {**_step(mode, label, next(ratios)), "cpu_ratio": 1.0, "target_s": 1.0, "baseline_s": 1.0}
 
     monkeypatch.setattr(step_time, "step_row", step_row)
     row = step_time.repeated_step_row("dp2", "audit on", ["scenario.num_rollout=2"], 3)
@@ -119,4 +119,5 @@ def test_a_configurations_repeats_train_on_rollouts_recorded_once(monkeypatch):
     assert len({path for _, path, _ in trained_on}) == 1  # one recording (a real stage=prepare) for every repeat
     assert all(names == ["0.pt", "1.pt"] for _, _, names in trained_on)
     assert not trained_on[0][1].exists()  # removed with the row
-    assert row["ratio"] == 1.02 and row["repeats"] == 3
+    assert row["ratio"] == 1.03 and row["ratio_range"] == "1.010–1.050"  # the median run, and the range
+    assert [r["ratio"] for r in row["runs"]] == [1.05, 1.01, 1.03]  # in the order they ran: the host's drift shows

@@ -19,6 +19,7 @@ same ``node<i>`` resource when asked to bring it back (``node<i>.up``).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import ipaddress
 import logging
 import os
@@ -104,11 +105,19 @@ def start_head(files: NodeFiles, ip: str, num_cpus: int) -> str:
 # ---- a worker node -----------------------------------------------------------------------------
 
 
+def socket_dir_prefix(files: NodeFiles) -> str:
+    """How the socket directories of a run's worker nodes start, in the system's temporary directory: named after
+    the side's cluster directory, so that what a run left behind is told apart from another run's."""
+    return f"ftexp-ray-{hashlib.sha1(str(files.root.resolve()).encode()).hexdigest()[:8]}-node"
+
+
 class WorkerNode:
     """One Ray worker node, with its fork server (importing ``preload``), started and ended by this process."""
 
-    def __init__(self, index: int, gcs_address: str, ip: str, num_cpus: int, preload: tuple[str, ...]):
-        self.index, self.gcs_address, self.ip, self.num_cpus, self.preload = index, gcs_address, ip, num_cpus, preload
+    def __init__(self, files: NodeFiles, index: int, gcs_address: str, ip: str, num_cpus: int,
+                 preload: tuple[str, ...]):
+        self.files, self.index, self.gcs_address, self.ip = files, index, gcs_address, ip
+        self.num_cpus, self.preload = num_cpus, preload
         self.node = None
         self.socket_dir = None
         self.forkserver = contextlib.ExitStack()
@@ -122,7 +131,7 @@ class WorkerNode:
         # Nodes on one machine share the session's sockets directory, where Ray names a node's plasma and
         # raylet sockets by the first index not yet bound: nodes starting together pick the same names and
         # all but one fail to bind (seen with 5 worker nodes). Each node start gets sockets of its own.
-        self.socket_dir = tempfile.mkdtemp(prefix=f"ftexp-ray-node{self.index}-")
+        self.socket_dir = tempfile.mkdtemp(prefix=f"{socket_dir_prefix(self.files)}{self.index}-")
         params = RayParams(gcs_address=self.gcs_address, node_ip_address=self.ip, num_cpus=self.num_cpus,
                            resources={node_resource(self.index): NODE_SLOTS}, node_manager_port=0,
                            min_worker_port=0, max_worker_port=0, object_store_memory=100 * 1024 * 1024,
@@ -168,8 +177,12 @@ class WorkerNode:
         killed = len(workers) + sum(len(v) for v in self.node.all_processes.values())
         self.node = None
         self.forkserver.close()  # and the processes it forked, should any have outlived their actors
-        shutil.rmtree(self.socket_dir, ignore_errors=True)
+        self.remove_socket_dir()
         return killed
+
+    def remove_socket_dir(self) -> None:
+        """Unlink the node's socket files. Its processes keep the sockets they bound and their connections."""
+        shutil.rmtree(self.socket_dir, ignore_errors=True)
 
 
 def _set_slurm_node_down(index: int) -> bool:
@@ -208,7 +221,7 @@ def run_worker(files: NodeFiles, index: int, ip: str, num_cpus: int, join_timeou
         if files.finished():
             return
         raise ClusterError(f"node{index}: the head (task 0) did not publish its address within {join_timeout_s:g} s")
-    node = WorkerNode(index, head["gcs_address"], ip, num_cpus, preload)
+    node = WorkerNode(files, index, head["gcs_address"], ip, num_cpus, preload)
     t0 = time.monotonic()
     node.start()
     files.write_state(index, "up", up_at=time.time(), ray_node_id=node.node_id)
@@ -220,6 +233,10 @@ def run_worker(files: NodeFiles, index: int, ip: str, num_cpus: int, join_timeou
             if node.node is not None and (down := files.take_request(index, "down")) is not None:
                 how = down.get("how", "ray")
                 files.write_state(index, "down", down_at=time.time(), how=how)
+                if how == "slurm":
+                    # Slurm may end this task before anything after the call below runs: the node's socket files
+                    # go first, or they would be left in the temporary directory.
+                    node.remove_socket_dir()
                 if how == "slurm" and _set_slurm_node_down(index):
                     # Slurm now ends this task, and the Ray node's processes (the step's) with it; the job goes
                     # on without this node (--no-kill). Whatever is left ends here; a replacement node brings it back.

@@ -14,12 +14,15 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
 
 import pytest
 
+from ftexp.faults.nodes import NodeFiles
+from ftexp.launch.ray_cluster import socket_dir_prefix
 from loopback_probe import foreign_sockets, socket_listing
 from test_slurm import TIMEOUT_MIN, _slurm_unavailable
 
@@ -121,3 +124,6 @@ def test_a_node_fault_on_two_nodes_shrinks_its_cells_together_heals_them_and_sta
     # the baseline's world spanned both nodes too: each task forked its node's ranks
     log = (run_dir / "baseline" / "train.log").read_text()
     assert "node0 of 2" in log and "node1 of 2" in log
+    # node 1's Ray socket files went with it, and with its replacement (how=slurm: Slurm ended the task itself)
+    left = Path(tempfile.gettempdir()).glob(socket_dir_prefix(NodeFiles(run_dir / "target" / "cluster")) + "*")
+    assert not list(left)

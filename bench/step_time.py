@@ -188,6 +188,7 @@ RUN_ROOT = memory_backed_dir()
 
 
 def _ftexp(mode: str, scenario: str, run_dir: Path, overrides: list[str]) -> list[str]:
+    """The command line of one ``python -m ftexp`` invocation into ``run_dir``."""
     return [sys.executable, "-m", "ftexp", f"mode={mode}", f"scenario={scenario}", f"hydra.run.dir={run_dir}",
             *overrides]
 

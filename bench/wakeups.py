@@ -63,7 +63,9 @@ def _switches() -> dict[tuple[int, int], tuple[int, int]]:
 def _kind(pid: int, processes: dict[int, tuple[int, str]]) -> str:
     parent, cmd = processes[pid]
     if "forkserver" in processes.get(parent, (0, ""))[1] and "forkserver" in cmd:
-        return "rank"  # a rank forked from its side's fork server (the target's, or the baseline's multiprocessing one)
+        # forked from its side's fork server (the target's, or the baseline's multiprocessing one); with live
+        # rollout engines, which fork from the target's too, those would count here: run it on recorded rollouts
+        return "rank"
     for marker, kind in (("ray::DashboardAgent", "Ray agents"), ("ray::RuntimeEnvAgent", "Ray agents"),
                          ("ray::", "Ray actors"), ("raylet", "Ray raylet"), ("gcs_server", "Ray GCS"),
                          ("log_monitor", "Ray log monitor"), ("dashboard", "Ray dashboard"),

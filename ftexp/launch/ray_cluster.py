@@ -161,8 +161,9 @@ class WorkerNode:
 
     def kill(self) -> int:
         """Take the node away hard: SIGKILL the raylet's workers, then the node's own processes. How many died."""
-        if self.node is None:
+        if self.node is None:  # never started, already taken away, or its start failed after making the directory
             self.forkserver.close()
+            self.remove_socket_dir()
             return 0
         raylet = self._raylet()
         workers = []
@@ -181,8 +182,10 @@ class WorkerNode:
         return killed
 
     def remove_socket_dir(self) -> None:
-        """Unlink the node's socket files. Its processes keep the sockets they bound and their connections."""
-        shutil.rmtree(self.socket_dir, ignore_errors=True)
+        """Unlink the node's socket files, if it made any. Its processes keep the sockets they bound and their
+        connections."""
+        if self.socket_dir is not None:
+            shutil.rmtree(self.socket_dir, ignore_errors=True)
 
 
 def _set_slurm_node_down(index: int) -> bool:

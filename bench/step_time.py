@@ -187,7 +187,7 @@ def memory_backed_dir() -> str | None:
 RUN_ROOT = memory_backed_dir()
 
 
-def _ftexp(mode: str, scenario: str, run_dir: Path, overrides: list[str]) -> list[str]:
+def ftexp_command(mode: str, scenario: str, run_dir: Path, overrides: list[str]) -> list[str]:
     """The command line of one ``python -m ftexp`` invocation into ``run_dir``."""
     return [sys.executable, "-m", "ftexp", f"mode={mode}", f"scenario={scenario}", f"hydra.run.dir={run_dir}",
             *overrides]
@@ -199,7 +199,7 @@ def recorded_rollouts(mode: str, overrides: list[str]) -> Iterator[Path]:
     repeats: they depend only on the configuration, and the ~1 s/step model's 16 took minutes to sample."""
     with tempfile.TemporaryDirectory(dir=RUN_ROOT) as tmp:
         run_dir = Path(tmp) / "run"
-        done = subprocess.run(_ftexp(mode, "no_failure", run_dir, [*overrides, "stage=prepare"]),
+        done = subprocess.run(ftexp_command(mode, "no_failure", run_dir, [*overrides, "stage=prepare"]),
                               capture_output=True, text=True)
         if done.returncode != 0:
             last = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else ""
@@ -220,8 +220,8 @@ def run(mode: str, scenario: str, overrides: list[str], target_first: bool = Fal
     stages = [["stage=target"], ["stage=baseline"], ["stage=compare", f"run_dir={run_dir}"]] if target_first else [[]]
     peak = None
     for stage in stages:
-        proc = subprocess.Popen(_ftexp(mode, scenario, run_dir, [*overrides, *stage]), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(ftexp_command(mode, scenario, run_dir, [*overrides, *stage]),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         memory = PeakMemory(proc.pid)
         _, stderr = proc.communicate()
         memory.stop()
@@ -468,8 +468,9 @@ def main() -> int:
     args = parser.parse_args()
     rollouts = [f"scenario.num_rollout={args.rollouts}"]
     steps, heals = [], []
+    audits = [] if args.heal_only else ["on", "off"] if args.audit == "both" else [args.audit]
     for mode in args.modes:
-        for audit in [] if args.heal_only else ["on", "off"] if args.audit == "both" else [args.audit]:
+        for audit in audits:
             label, extra = f"audit {audit}", [] if audit == "on" else ["trainer.audit=false"]
             measure(steps, {"mode": mode, "run": label}, repeated_step_row, mode, label, rollouts + extra, args.repeats)
         if args.large and engine_of(mode) == "torch" and not args.heal_only:

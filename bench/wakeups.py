@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from step_time import LARGE_MODEL, RUN_ROOT, _ftexp, markdown_table, recorded_rollouts
+from step_time import LARGE_MODEL, RUN_ROOT, ftexp_command, markdown_table, recorded_rollouts
 
 
 def _status(task: Path) -> tuple[int, int]:
@@ -80,7 +80,7 @@ def side_row(mode: str, side: str, overrides: list[str], rollouts: Path, window_
     with tempfile.TemporaryDirectory(dir=RUN_ROOT) as tmp:
         run_dir = Path(tmp) / "run"
         shutil.copytree(rollouts, run_dir / "rollout_data")
-        proc = subprocess.Popen(_ftexp(mode, "no_failure", run_dir, [*overrides, f"stage={side}"]),
+        proc = subprocess.Popen(ftexp_command(mode, "no_failure", run_dir, [*overrides, f"stage={side}"]),
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         perf = run_dir / side / "perf.jsonl"
         while proc.poll() is None and (not perf.exists() or len(perf.read_text().splitlines()) < 3):

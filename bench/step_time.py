@@ -20,12 +20,14 @@ rate over a raw loopback socket copy of the same bytes (``loopback_copy.py``): o
 split over as many connections as the heal used (one per rank pair), all at once.
 A run whose verdict failed is timed all the same (it trained every rollout) and its row names the failed
 checks; a run that ended without a verdict becomes a row saying so, and the bench goes on.
-The two sides of one run train one after the other, and on a shared 2-core machine the same
-configuration's ratio moves by tens of percent between runs (dp2 audits off: 1.15–1.77 over three
-runs in a row); each configuration therefore runs ``--repeats`` times and the row gives the median
-run (by wall ratio) with the range of both ratios over the repeats, and the ratio of each side's
-fastest run (noise only ever adds time). The repeats take turns at which side trains first (the
-baseline in the first), so that what the first side leaves on the machine does not always fall on the target.
+A run's two sides train at once, taking turns at the machine, ``--turn-s`` seconds each (``taking_turns.py``):
+one after the other (``--turn-s 0``) they saw two different machines, since this shared VM's speed drifts by
+10-20 % for minutes at a time. A step's time counts only while its side ran. Even so a run's ratio moves by
+several percent: two runs of the same side, taking turns, measured up to 7 % apart, their CPU per step as far,
+so some of that spread is each run's own. Each configuration therefore runs ``--repeats`` times and the row gives
+the median run (by wall ratio) with the range of both ratios over the repeats, and the ratio of each side's
+fastest run (noise only ever adds time). The repeats alternate which side starts and takes its turn (or trains)
+first, the baseline in the first, so that what goes first does not always fall on the same side.
 A configuration's repeats train on the same rollouts, recorded once before them.
 ``--large`` trains a torch model big enough that a step takes about a second on a 2-core CPU,
 so fixed costs and per-byte costs show apart; with ``--heal``, a megatron mode also heals a model with
@@ -67,6 +69,7 @@ from typing import Callable
 
 import yaml
 from loopback_copy import loopback_bytes_per_s
+from taking_turns import SideTurns, process_tree, take_turns
 
 RESULTS = Path(__file__).parent / "results"
 MODES = Path(__file__).parent.parent / "conf" / "mode"
@@ -91,19 +94,6 @@ class PeakMemory:
         self._thread.start()
 
     @staticmethod
-    def _tree(pid: int) -> list[int]:
-        out, todo = [], [pid]
-        while todo:
-            p = todo.pop()
-            out.append(p)
-            try:
-                for task in Path(f"/proc/{p}/task").iterdir():
-                    todo += [int(c) for c in (task / "children").read_text().split()]
-            except OSError:
-                pass
-        return out
-
-    @staticmethod
     def _rss_mb(pid: int) -> float:
         try:
             for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -115,7 +105,7 @@ class PeakMemory:
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
-            rss = [self._rss_mb(p) for p in self._tree(self.pid)]
+            rss = [self._rss_mb(p) for p in process_tree(self.pid)]
             self.total_mb = max(self.total_mb, sum(rss))
             self.largest_mb = max(self.largest_mb, max(rss, default=0.0))
 
@@ -168,6 +158,10 @@ class RunFailed(Exception):
     """A run that ended without a verdict (crashed, or refused its input): nothing of it can be timed."""
 
 
+def _last_line(text: str) -> str:
+    return text.strip().splitlines()[-1] if text.strip() else ""
+
+
 def verdict_of(report: dict) -> str:
     """``passed``, or ``failed:`` and the failed checks' names. A run whose verdict failed still trained every
     rollout, so its times stand; its row says so, and which checks failed."""
@@ -202,8 +196,7 @@ def recorded_rollouts(mode: str, overrides: list[str]) -> Iterator[Path]:
         done = subprocess.run(ftexp_command(mode, "no_failure", run_dir, [*overrides, "stage=prepare"]),
                               capture_output=True, text=True)
         if done.returncode != 0:
-            last = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else ""
-            raise RunFailed(f"stage=prepare: exit {done.returncode}: {last}")
+            raise RunFailed(f"stage=prepare: exit {done.returncode}: {_last_line(done.stderr)}")
         yield run_dir / "rollout_data"
 
 
@@ -228,23 +221,77 @@ def run(mode: str, scenario: str, overrides: list[str], target_first: bool = Fal
         peak = memory if peak is None or memory.total_mb > peak.total_mb else peak
         if proc.returncode != 0 and not (run_dir / "report.json").exists():
             tmp.cleanup()
-            last = stderr.strip().splitlines()[-1] if stderr.strip() else ""
-            raise RunFailed(f"{' '.join(stage) or 'run'}: exit {proc.returncode}, no verdict: {last}")
+            raise RunFailed(f"{' '.join(stage) or 'run'}: exit {proc.returncode}, no verdict: {_last_line(stderr)}")
         if (run_dir / "report.json").exists():
             break  # a verdict: the run is over, whether every stage ran or a side's training failed
     return run_dir, peak, tmp
 
 
+def run_taking_turns(mode: str, overrides: list[str], target_first: bool, rollouts: Path, turn_s: float
+                     ) -> tuple[Path, PeakMemory, tempfile.TemporaryDirectory, dict[str, SideTurns]]:
+    """One no_failure run whose sides train at once, taking turns at the machine ``turn_s`` seconds each
+    (``taking_turns.py``; the target's first if ``target_first``), then ``stage=compare`` for the verdict.
+    The returned memory is the peak of whichever side peaked."""
+    tmp = tempfile.TemporaryDirectory(dir=RUN_ROOT)
+    work = Path(tmp.name)
+    run_dir = work / "run"
+    shutil.copytree(rollouts, run_dir / "rollout_data")
+    sides, memories = {}, []
+    # The first turn's side also starts first: two runs of the same side measured 2-3 % apart by which started first.
+    for side in ("target", "baseline") if target_first else ("baseline", "target"):
+        # One run dir for both; each invocation's Hydra files go elsewhere, so that neither overwrites the other's.
+        command = ftexp_command(mode, "no_failure", work / f"hydra-{side}", [*overrides, f"stage={side}", f"run_dir={run_dir}"])
+        with open(work / f"{side}.err", "w") as err:
+            proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err)
+        sides[side] = (proc, run_dir / side / "perf.jsonl")
+        memories.append(PeakMemory(proc.pid))
+    turns = take_turns(sides, next(iter(sides)), turn_s)
+    for memory in memories:
+        memory.stop()
+    for side, (proc, _) in sides.items():
+        if proc.returncode != 0:
+            tmp.cleanup()
+            raise RunFailed(f"stage={side}: exit {proc.returncode}: {_last_line((work / f'{side}.err').read_text())}")
+        if turns[side].writes_while_stopped():
+            tmp.cleanup()
+            raise RunFailed(f"stage={side}: a process of it ran while its side was stopped")
+    done = subprocess.run(ftexp_command(mode, "no_failure", work / "hydra-compare", [*overrides, "stage=compare",
+                                                                                       f"run_dir={run_dir}"]),
+                          capture_output=True, text=True)
+    if not (run_dir / "report.json").exists():
+        tmp.cleanup()
+        raise RunFailed(f"stage=compare: exit {done.returncode}, no verdict: {_last_line(done.stderr)}")
+    return run_dir, max(memories, key=lambda m: m.total_mb), tmp, turns
+
+
+def side_rows(side_root: Path, turns: SideTurns | None) -> tuple[list[dict], list[dict]]:
+    """A side's perf rows, and the rows to break down into sections. Taking turns, a step's time counts only while
+    its side ran (``stopped_s`` says how much was taken out), and only the steps that no turn interrupted are
+    broken down: the ranks time the sections with clocks that ran on while their side was stopped."""
+    rows = perf_rows(side_root)
+    if turns is None:
+        return rows, with_breakdown(side_root, rows)
+    timed = []
+    for row in rows:
+        running_s, stopped_s = turns.running_time(row["step"], row["step_time_s"])
+        timed.append({**row, "step_time_s": running_s, "stopped_s": stopped_s})
+    return timed, with_breakdown(side_root, [r for r, t in zip(rows, timed) if t["stopped_s"] == 0.0])
+
+
 def step_row(mode: str, label: str, overrides: list[str], target_first: bool = False,
-             rollouts: Path | None = None) -> dict:
+             rollouts: Path | None = None, turn_s: float = 0.0) -> dict:
+    """One no_failure run's row; ``turn_s`` > 0: its sides take turns at the machine (``run_taking_turns``)."""
     load = os.getloadavg()[0]
-    run_dir, memory, tmp = run(mode, "no_failure", overrides, target_first, rollouts)
+    if turn_s:
+        run_dir, memory, tmp, turns = run_taking_turns(mode, overrides, target_first, rollouts, turn_s)
+    else:
+        (run_dir, memory, tmp), turns = run(mode, "no_failure", overrides, target_first, rollouts), {}
     with tmp:
-        base = with_breakdown(run_dir / "baseline", perf_rows(run_dir / "baseline"))
-        targ = with_breakdown(run_dir / "target", perf_rows(run_dir / "target"))
+        base, base_sections = side_rows(run_dir / "baseline", turns.get("baseline"))
+        targ, targ_sections = side_rows(run_dir / "target", turns.get("target"))
         verdict = verdict_of(json.loads((run_dir / "report.json").read_text()))
         row = {"mode": mode, "run": label, "verdict": verdict, "first": "target" if target_first else "baseline",
-               "load_avg": load,
+               "turn_s": turn_s or None, "load_avg": load,
                "baseline_s": median_of(base, "step_time_s"),
                "target_s": median_of(targ, "step_time_s"), "peak_mb": round(memory.total_mb),
                "largest_process_mb": round(memory.largest_mb),
@@ -252,8 +299,10 @@ def step_row(mode: str, label: str, overrides: list[str], target_first: bool = F
                "target_cpu_s": cpu_per_step(run_dir / "target", targ)}
         row["ratio"] = row["target_s"] / row["baseline_s"]
         row["cpu_ratio"] = row["target_cpu_s"] / row["baseline_cpu_s"] if row["baseline_cpu_s"] else None
-        row.update({k: median_of(targ, k) for k in SECTIONS})
-        row.update({f"baseline_{k}": median_of(base, k) for k in BASELINE_SECTIONS})
+        if turns:
+            row["steps_broken_down"] = f"{len(base_sections)} / {len(targ_sections)} of {len(base)} / {len(targ)}"
+        row.update({k: median_of(targ_sections, k) for k in SECTIONS})
+        row.update({f"baseline_{k}": median_of(base_sections, k) for k in BASELINE_SECTIONS})
         return row
 
 
@@ -266,12 +315,12 @@ def median_run(ranked: list[dict], runs: list[dict]) -> dict:
     return row
 
 
-def repeated_step_row(mode: str, label: str, overrides: list[str], repeats: int) -> dict:
+def repeated_step_row(mode: str, label: str, overrides: list[str], repeats: int, turn_s: float = 0.0) -> dict:
     """The median of ``repeats`` runs by wall ratio, with the range of the wall and CPU ratios over them. The runs
-    take turns at which side trains first (the baseline in the first run), so that what one side leaves behind on
-    the machine does not always land on the same side."""
+    alternate which side trains (or takes its turn) first, the baseline in the first run, so that what one side
+    leaves behind on the machine does not always land on the same side."""
     with recorded_rollouts(mode, overrides) as rollouts:
-        runs = [step_row(mode, label, overrides, i % 2 == 1, rollouts) for i in range(repeats)]
+        runs = [step_row(mode, label, overrides, i % 2 == 1, rollouts, turn_s) for i in range(repeats)]
     rows = sorted(runs, key=lambda r: r["ratio"])
     row = median_run(rows, runs)  # the runs in the order they ran: the host's drift shows
     row["ratio_range"] = f"{rows[0]['ratio']:.3f}–{rows[-1]['ratio']:.3f}"
@@ -403,9 +452,9 @@ def target_rows(steps: list[dict], heals: list[dict]) -> list[dict]:
 
 
 def markdown(steps: list[dict], heals: list[dict], when: str) -> str:
-    cols = ["mode", "run", "verdict", "repeats", "load_avg", "baseline_s", "target_s", "ratio", "ratio_range",
+    cols = ["mode", "run", "verdict", "repeats", "turn_s", "load_avg", "baseline_s", "target_s", "ratio", "ratio_range",
             "best_ratio", "baseline_cpu_s", "target_cpu_s", "cpu_ratio", "cpu_ratio_range", *SECTIONS,
-            *(f"baseline_{k}" for k in BASELINE_SECTIONS), "peak_mb"]
+            *(f"baseline_{k}" for k in BASELINE_SECTIONS), "steps_broken_down", "peak_mb"]
     lines = [f"# ftexp step-time benchmark ({when}, one machine, one invocation, "
              f"run dirs in {RUN_ROOT or tempfile.gettempdir()})"]
     if steps:
@@ -418,7 +467,10 @@ def markdown(steps: list[dict], heals: list[dict], when: str) -> str:
             "trains a run of rollouts, and its first carries the round trip); `baseline_*_s`: the same sections of the "
             "baseline's slowest rank, where the two sides share them. `*_cpu_s`: the side's CPU "
             "seconds per committed rollout (median; ranks, plus the target's driver), which the machine's load "
-            "(`load_avg`, 1-minute, at the run's start) moves much less than the wall times.", steps, cols)
+            "(`load_avg`, 1-minute, at the run's start) moves much less than the wall times. `turn_s`: the two sides "
+            "trained at once, taking turns at the machine this many seconds each, and a step's time counts only while "
+            "its side ran; its sections are the medians over the steps no turn interrupted (`steps_broken_down`, "
+            "baseline / target). Empty: the sides trained one after the other.", steps, cols)
     if heals:
         lines += markdown_table(
             "Crash → shrink → heal (`scenario=with_failure`), seconds. `detection_s`: the crash → the "
@@ -462,6 +514,9 @@ def main() -> int:
                         help="only the with_failure runs (no step rows; latest.md, the step table, is left as it is)")
     parser.add_argument("--audit", choices=["on", "off", "both"], default="both",
                         help="which of a mode's no_failure runs to time: with the audit on, off, or both")
+    parser.add_argument("--turn-s", type=float, default=5.0,
+                        help="a no_failure run's sides train at once, taking turns at the machine this many seconds "
+                             "each; 0: one after the other")
     parser.add_argument("--large", action="store_true",
                         help="also run a ~1 s/step torch model (torch modes); with --heal, heal a wide megatron model")
     parser.add_argument("--name", default=dt.datetime.now().strftime("%Y-%m-%d_%H%M"), help="results file name")
@@ -472,10 +527,11 @@ def main() -> int:
     for mode in args.modes:
         for audit in audits:
             label, extra = f"audit {audit}", [] if audit == "on" else ["trainer.audit=false"]
-            measure(steps, {"mode": mode, "run": label}, repeated_step_row, mode, label, rollouts + extra, args.repeats)
+            measure(steps, {"mode": mode, "run": label}, repeated_step_row, mode, label, rollouts + extra, args.repeats,
+                    args.turn_s)
         if args.large and engine_of(mode) == "torch" and not args.heal_only:
             measure(steps, {"mode": mode, "run": "large, audit on"}, repeated_step_row, mode, "large, audit on",
-                    rollouts + LARGE_MODEL, args.repeats)
+                    rollouts + LARGE_MODEL, args.repeats, args.turn_s)
         if args.heal or args.heal_only:
             for spare_cells in (0, 1):
                 measure(heals, {"mode": mode, "spare_cells": spare_cells}, repeated_heal_row, mode, spare_cells, None,

@@ -109,7 +109,7 @@ def test_repeated_heals_give_the_median_run_by_transfer_rate_and_its_range(monke
 def test_a_configurations_repeats_train_on_rollouts_recorded_once_and_keep_their_order(monkeypatch):
     trained_on, ratios = [], iter([1.05, 1.01, 1.03])
 
-    def step_row(mode, label, overrides, target_first, rollouts):
+    def step_row(mode, label, overrides, target_first, rollouts, turn_s):
         trained_on.append((target_first, rollouts, sorted(p.name for p in rollouts.iterdir())))
         return {**_step(mode, label, next(ratios)), "cpu_ratio": 1.0, "target_s": 1.0, "baseline_s": 1.0}
 

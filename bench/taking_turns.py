@@ -5,8 +5,8 @@ time drifts by 10-20 % within minutes, often for a whole run at a time, far more
 both sides' processes start together, and every ``turn_s`` seconds one side's every process (its job, Ray's
 daemons and actors, its fork servers and ranks) is stopped (SIGSTOP) and the other's continued (SIGCONT). Only one
 side computes at a time, with the machine to itself, and each sees the host as it was seconds before the other.
-Their start-ups are not timed and run at once; the turns begin once both have committed their warm-up rollout, so
-that the rollouts timed interleave even where a side's whole training is shorter than the other's start-up.
+Their start-ups are not timed and run at once; the turns begin once both have committed their warm-up rollout (or
+one has waited a turn for the other's), so that the rollouts timed interleave.
 
 A side's clocks run on while it is stopped, so its step times are corrected here: a step's perf line is appended
 when the step ends (the file's modification time says when), so its wall interval is known, and the part of it the
@@ -95,9 +95,10 @@ class SideTurns:
 def take_turns(sides: dict[str, tuple[subprocess.Popen, Path]], first: str, turn_s: float,
                poll_s: float = 0.01) -> dict[str, SideTurns]:
     """Start-up, untimed, with every side at once; a side that has committed its warm-up rollout (its first perf
-    line) waits, stopped, for the others'. Then the sides take turns at the machine, ``turn_s`` seconds each,
-    ``first`` first, until every one has exited; once one has, the others run on without turns.
-    ``sides``: name -> (process, its perf.jsonl)."""
+    line) waits, stopped, for the others', one turn at most. Then the sides take turns at the machine, ``turn_s``
+    seconds each, ``first`` first, until every one has exited; once one has, the others run on without turns.
+    ``sides``: name -> (process, its perf.jsonl). No side is stopped for much longer than the others' turns: a
+    target's cross-cell collective in flight when it was stopped times out 10 s after it began."""
     turns = {name: SideTurns(perf) for name, (_, perf) in sides.items()}
     procs = {name: proc for name, (proc, _) in sides.items()}
     stopped_since: dict[str, float] = {}
@@ -115,12 +116,16 @@ def take_turns(sides: dict[str, tuple[subprocess.Popen, Path]], first: str, turn
         turns[name].stopped.append((stopped_since.pop(name), continued))
 
     try:
-        while (live := alive()) and not all(turns[name].lines_seen for name in live):
+        while ((live := alive()) and not all(turns[name].lines_seen for name in live)
+               and all(time.time() - since < turn_s for since in stopped_since.values())):
             for name in live:
                 turns[name].read_new_lines()
                 if turns[name].lines_seen and name not in stopped_since:
                     stop(name)
             time.sleep(poll_s)
+        for name in alive():
+            if name not in stopped_since:
+                stop(name)
         running, turn_ends = None, 0.0
         while live := alive():
             for side in turns.values():

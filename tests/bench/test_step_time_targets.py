@@ -1,5 +1,6 @@
 """The benchmark's last table: each figure of a run against the bound fault tolerance is held to."""
 
+import json
 import sys
 from pathlib import Path
 
@@ -7,6 +8,7 @@ sys.path.insert(0, str(Path(__file__).parents[2] / "bench"))
 
 import step_time  # noqa: E402
 from step_time import RunFailed, markdown, measure, repeated_heal_row, target_rows  # noqa: E402
+from taking_turns import SideTurns  # noqa: E402
 
 
 def _step(mode: str, run: str, ratio: float) -> dict:
@@ -121,3 +123,19 @@ def test_a_configurations_repeats_train_on_rollouts_recorded_once_and_keep_their
     assert not trained_on[0][1].exists()  # removed with the row
     assert row["ratio"] == 1.03 and row["ratio_range"] == "1.010–1.050"  # the median run, and the range
     assert [r["ratio"] for r in row["runs"]] == [1.05, 1.01, 1.03]  # in the order they ran: the host's drift shows
+
+
+def test_taking_turns_a_step_counts_only_while_its_side_ran_and_only_whole_steps_are_broken_down(tmp_path):
+    side = tmp_path / "target"
+    side.mkdir()
+    (side / "perf.jsonl").write_text("".join(json.dumps({"step": s, "step_time_s": t}) + "\n"
+                                             for s, t in [(0, 5.0), (1, 1.0), (2, 3.5)]))
+    (side / "step_sections.jsonl").write_text("".join(
+        json.dumps({"step": s, "attempt": 0, "cell": 0, "rank": 0, "compute_s": c, "total_s": c}) + "\n"
+        for s, c in [(1, 0.9), (2, 3.4)]))
+    # Rollout 2's step ran 101.0-104.5 on the wall clock, and its side was stopped 101.5-104.0 of it.
+    turns = SideTurns(side / "perf.jsonl", stopped=[(101.5, 104.0)], ends={0: 100.0, 1: 101.0, 2: 104.5})
+    rows, broken_down = step_time.side_rows(side, turns)
+    assert [(r["step"], r["step_time_s"], r["stopped_s"]) for r in rows] == [(1, 1.0, 0.0), (2, 1.0, 2.5)]
+    # Its sections were timed on clocks that ran on while it was stopped: only rollout 1 is broken down.
+    assert [(r["step"], r["compute_s"]) for r in broken_down] == [(1, 0.9)]

@@ -33,7 +33,7 @@ STEP_CPU_S, TURN_S = 0.15, 0.4
 
 def _sides(tmp_path: Path) -> dict:
     sides = {}
-    for name, start_up_s in (("slow_start", 1.0), ("quick_start", 0.0)):
+    for name, start_up_s in (("slow_start", 0.3), ("quick_start", 0.0)):
         perf = tmp_path / f"{name}.jsonl"
         proc = subprocess.Popen([sys.executable, "-c", SIDE, "parent", SIDE, str(perf), str(start_up_s), "12",
                                  str(STEP_CPU_S)])
@@ -55,7 +55,9 @@ def test_one_side_computes_at_a_time_and_its_steps_count_only_while_it_ran(tmp_p
         assert STEP_CPU_S * 0.9 < statistics.median(running) < STEP_CPU_S * 1.5, (name, running)
     # The turns began once both had committed their first rollout: the quick starter waited for the slow one.
     assert min(side.ends[1] for side in turns.values()) > max(side.ends[0] for side in turns.values())
-    assert turns["quick_start"].stopped[0][1] - turns["quick_start"].stopped[0][0] > 0.5
+    assert turns["quick_start"].stopped[0][1] - turns["quick_start"].stopped[0][0] > 0.2
+    # No side waited much longer than the other's turn (a target's cross-cell collectives would time out).
+    assert max(b - a for side in turns.values() for a, b in side.stopped) < 2 * TURN_S
 
 
 def test_a_process_left_running_while_its_side_is_stopped_is_caught(tmp_path, monkeypatch):

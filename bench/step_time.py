@@ -20,11 +20,12 @@ rate over a raw loopback socket copy of the same bytes (``loopback_copy.py``): o
 split over as many connections as the heal used (one per rank pair), all at once.
 A run whose verdict failed is timed all the same (it trained every rollout) and its row names the failed
 checks; a run that ended without a verdict becomes a row saying so, and the bench goes on.
-A run's two sides train at once, taking turns at the machine, ``--turn-s`` seconds each (``taking_turns.py``):
-one after the other (``--turn-s 0``) they saw two different machines, since this shared VM's speed drifts by
-10-20 % for minutes at a time. A step's time counts only while its side ran. Even so a run's ratio moves by
-several percent: two runs of the same side, taking turns, measured up to 7 % apart, their CPU per step as far,
-so some of that spread is each run's own. Each configuration therefore runs ``--repeats`` times and the row gives
+Where a side trains for many seconds (the ~1 s/step model, megatron modes), a run's two sides train at once,
+taking turns at the machine, ``--turn-s`` seconds each (``taking_turns.py``): one after the other they saw two
+different machines, since this shared VM's speed drifts by 10-20 % for minutes at a time. A step's time counts
+only while its side ran. (A small torch model's side trains in about a second, within one turn; its runs train
+one after the other.) Even so a run's ratio moves by several percent: two runs of the same side, taking turns,
+measured up to 7 % apart, their CPU per step as far, so some of that spread is each run's own. Each configuration therefore runs ``--repeats`` times and the row gives
 the median run (by wall ratio) with the range of both ratios over the repeats, and the ratio of each side's
 fastest run (noise only ever adds time). The repeats alternate which side starts and takes its turn (or trains)
 first, the baseline in the first, so that what goes first does not always fall on the same side.
@@ -522,6 +523,9 @@ def main() -> int:
                         help="also run a ~1 s/step torch model (torch modes); with --heal, heal a wide megatron model")
     parser.add_argument("--name", default=dt.datetime.now().strftime("%Y-%m-%d_%H%M"), help="results file name")
     args = parser.parse_args()
+    if not 0 <= args.turn_s < 10:
+        parser.error(f"--turn-s {args.turn_s:g}: must be 0 or more and below 10 (a stopped target's cross-cell "
+                     f"collectives time out after 10 s)")
     rollouts = [f"scenario.num_rollout={args.rollouts}"]
     steps, heals = [], []
     audits = [] if args.heal_only else ["on", "off"] if args.audit == "both" else [args.audit]

@@ -68,8 +68,11 @@ class SideTurns:
         """The file's new lines end when it was last written; a line written with others in one go (the target
         trains runs of rollouts in one call) ended that much earlier as the later lines took."""
         try:
-            written = self.perf.stat().st_mtime_ns / 1e9
-            lines = self.perf.read_text().splitlines()
+            while True:  # a line appended between reading the time and the text would get an earlier line's time
+                written = self.perf.stat().st_mtime_ns / 1e9
+                lines = self.perf.read_text().splitlines()
+                if self.perf.stat().st_mtime_ns / 1e9 == written:
+                    break
         except FileNotFoundError:
             return
         rows = [json.loads(ln) for ln in lines[self.lines_seen:] if ln.endswith("}")]

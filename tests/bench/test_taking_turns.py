@@ -48,11 +48,15 @@ def test_one_side_computes_at_a_time_and_its_steps_count_only_while_it_ran(tmp_p
         # The worker (a grandchild) was stopped with its parent: it never wrote while its side was stopped.
         assert side.writes_while_stopped() == 0, name
         rows = [json.loads(ln) for ln in side.perf.read_text().splitlines()][1:]
-        running = [side.running_time(r["step"], r["step_time_s"])[0] for r in rows]
+        timed = [side.running_time(r["step"], r["step_time_s"]) for r in rows]
+        interrupted = [running for running, stopped in timed if stopped > 0]
+        whole = [running for running, stopped in timed if stopped == 0]
         # Turns interrupted steps: their wall time holds the other side's turn.
-        assert max(r["step_time_s"] for r in rows) > TURN_S
-        # With the stops taken out, a step takes its CPU time: the side had a core to itself while it ran.
-        assert STEP_CPU_S * 0.9 < statistics.median(running) < STEP_CPU_S * 1.5, (name, running)
+        assert interrupted and whole and max(r["step_time_s"] for r in rows) > TURN_S
+        # With the stops taken out, an interrupted step took about as long as a whole one, and no step less than
+        # the CPU it burned (robust to other tests loading the machine: both kinds of step slow down alike).
+        assert statistics.median(interrupted) < 1.5 * statistics.median(whole), (name, timed)
+        assert min(running for running, _ in timed) > 0.9 * STEP_CPU_S, (name, timed)
     # The turns began once both had committed their first rollout: the quick starter waited for the slow one.
     assert min(side.ends[1] for side in turns.values()) > max(side.ends[0] for side in turns.values())
     assert turns["quick_start"].stopped[0][1] - turns["quick_start"].stopped[0][0] > 0.2

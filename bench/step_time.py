@@ -159,7 +159,8 @@ class RunFailed(Exception):
     """A run that ended without a verdict (crashed, or refused its input): nothing of it can be timed."""
 
 
-def _last_line(text: str) -> str:
+def last_line(text: str) -> str:
+    """A process's last line of output, for a one-line reason."""
     return text.strip().splitlines()[-1] if text.strip() else ""
 
 
@@ -197,7 +198,7 @@ def recorded_rollouts(mode: str, overrides: list[str]) -> Iterator[Path]:
         done = subprocess.run(ftexp_command(mode, "no_failure", run_dir, [*overrides, "stage=prepare"]),
                               capture_output=True, text=True)
         if done.returncode != 0:
-            raise RunFailed(f"stage=prepare: exit {done.returncode}: {_last_line(done.stderr)}")
+            raise RunFailed(f"stage=prepare: exit {done.returncode}: {last_line(done.stderr)}")
         yield run_dir / "rollout_data"
 
 
@@ -222,7 +223,7 @@ def run(mode: str, scenario: str, overrides: list[str], target_first: bool = Fal
         peak = memory if peak is None or memory.total_mb > peak.total_mb else peak
         if proc.returncode != 0 and not (run_dir / "report.json").exists():
             tmp.cleanup()
-            raise RunFailed(f"{' '.join(stage) or 'run'}: exit {proc.returncode}, no verdict: {_last_line(stderr)}")
+            raise RunFailed(f"{' '.join(stage) or 'run'}: exit {proc.returncode}, no verdict: {last_line(stderr)}")
         if (run_dir / "report.json").exists():
             break  # a verdict: the run is over, whether every stage ran or a side's training failed
     return run_dir, peak, tmp
@@ -249,19 +250,20 @@ def run_taking_turns(mode: str, overrides: list[str], target_first: bool, rollou
     turns = take_turns(sides, next(iter(sides)), turn_s)
     for memory in memories:
         memory.stop()
-    for side, (proc, _) in sides.items():
-        if proc.returncode != 0:
-            tmp.cleanup()
-            raise RunFailed(f"stage={side}: exit {proc.returncode}: {_last_line((work / f'{side}.err').read_text())}")
-        if turns[side].writes_while_stopped():
-            tmp.cleanup()
-            raise RunFailed(f"stage={side}: a process of it ran while its side was stopped")
-    done = subprocess.run(ftexp_command(mode, "no_failure", work / "hydra-compare", [*overrides, "stage=compare",
-                                                                                       f"run_dir={run_dir}"]),
-                          capture_output=True, text=True)
-    if not (run_dir / "report.json").exists():
+    try:
+        for side, (proc, _) in sides.items():
+            if proc.returncode != 0:
+                raise RunFailed(f"stage={side}: exit {proc.returncode}: {last_line((work / f'{side}.err').read_text())}")
+            if turns[side].writes_while_stopped():
+                raise RunFailed(f"stage={side}: a process of it ran while its side was stopped")
+        done = subprocess.run(ftexp_command(mode, "no_failure", work / "hydra-compare",
+                                            [*overrides, "stage=compare", f"run_dir={run_dir}"]),
+                              capture_output=True, text=True)
+        if not (run_dir / "report.json").exists():
+            raise RunFailed(f"stage=compare: exit {done.returncode}, no verdict: {last_line(done.stderr)}")
+    except RunFailed:
         tmp.cleanup()
-        raise RunFailed(f"stage=compare: exit {done.returncode}, no verdict: {_last_line(done.stderr)}")
+        raise
     return run_dir, max(memories, key=lambda m: m.total_mb), tmp, turns
 
 

@@ -51,6 +51,13 @@ def signal_tree(pid: int, sig: signal.Signals) -> None:
                 pass
 
 
+def _version(path: Path) -> tuple[int, int]:
+    """A file's modification time (ns) and size: the size too, since two appends within one tick of the file
+    clock share a time."""
+    st = path.stat()
+    return st.st_mtime_ns, st.st_size
+
+
 @dataclass
 class SideTurns:
     """What ``take_turns`` saw of one side."""
@@ -60,6 +67,7 @@ class SideTurns:
     ends: dict[int, float] = field(default_factory=dict)  # a perf line's rollout -> when its step ended (wall clock)
     writes: list[float] = field(default_factory=list)  # when the file was written, as each read found new lines
     lines_seen: int = 0
+    last_read: tuple[int, int] = (0, 0)  # the file's (time, size) at the last read: unchanged, a poll reads nothing
 
     def stopped_within(self, start: float, end: float) -> float:
         return sum(max(0.0, min(end, b) - max(start, a)) for a, b in self.stopped)
@@ -68,16 +76,21 @@ class SideTurns:
         """The file's new lines end when it was last written; a line written with others in one go (the target
         trains runs of rollouts in one call) ended that much earlier as the later lines took."""
         try:
+            seen = _version(self.perf)
+            if seen == self.last_read:
+                return  # the poll runs on the cores the sides are timed on: most find nothing new, cheaply
             while True:  # a line appended between reading the time and the text would get an earlier line's time
-                written = self.perf.stat().st_mtime_ns / 1e9
                 lines = self.perf.read_text().splitlines()
-                if self.perf.stat().st_mtime_ns / 1e9 == written:
+                if (again := _version(self.perf)) == seen:
                     break
+                seen = again
         except FileNotFoundError:
             return
         rows = [json.loads(ln) for ln in lines[self.lines_seen:] if ln.endswith("}")]
+        written = seen[0] / 1e9
         if rows:
             self.writes.append(written)
+            self.last_read = seen  # a half-written last line is read again at the next poll
         end = written
         for row in reversed(rows):
             self.ends[row["step"]] = end

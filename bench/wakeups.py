@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from step_time import LARGE_MODEL, RUN_ROOT, ftexp_command, markdown_table, recorded_rollouts
+from step_time import LARGE_MODEL, RUN_ROOT, ftexp_command, last_line, markdown_table, recorded_rollouts
 
 
 def _status(task: Path) -> tuple[int, int]:
@@ -80,8 +80,10 @@ def side_row(mode: str, side: str, overrides: list[str], rollouts: Path, window_
     with tempfile.TemporaryDirectory(dir=RUN_ROOT) as tmp:
         run_dir = Path(tmp) / "run"
         shutil.copytree(rollouts, run_dir / "rollout_data")
-        proc = subprocess.Popen(ftexp_command(mode, "no_failure", run_dir, [*overrides, f"stage={side}"]),
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        # Its output goes to a file: a pipe nobody reads until the window is over would stall the run once full.
+        with open(Path(tmp) / "stderr", "w") as err:
+            proc = subprocess.Popen(ftexp_command(mode, "no_failure", run_dir, [*overrides, f"stage={side}"]),
+                                    stdout=subprocess.DEVNULL, stderr=err)
         perf = run_dir / side / "perf.jsonl"
         while proc.poll() is None and (not perf.exists() or len(perf.read_text().splitlines()) < 3):
             time.sleep(0.2)  # mid-run: two rollouts committed
@@ -91,10 +93,8 @@ def side_row(mode: str, side: str, overrides: list[str], rollouts: Path, window_
         processes = _processes()
         if proc.poll() is not None:
             raise SystemExit(f"{side}: the run ended before the {window_s:g} s window did: give it more rollouts")
-        _, stderr = proc.communicate()
-        if proc.returncode != 0:
-            last = stderr.strip().splitlines()[-1] if stderr.strip() else ""
-            raise SystemExit(f"{side}: exit {proc.returncode}: {last}")
+        if proc.wait() != 0:
+            raise SystemExit(f"{side}: exit {proc.returncode}: {last_line((Path(tmp) / 'stderr').read_text())}")
         steps = sorted(json.loads(ln)["step_time_s"] for ln in perf.read_text().splitlines()[1:])
     wakeups: dict[str, float] = {}
     rank_preemptions = []

@@ -1,7 +1,7 @@
 """Benchmark: what Ray itself costs a round of train calls, with the training taken out.
 
-Once a round, the target's driver calls every cell's ``train`` and waits for the answers: once a rollout with
-the audit on, once a run of up to ``trainer.rollouts_per_call`` rollouts with it off. The baseline has no such
+Once a round, the target's driver calls every cell's ``train`` and waits for the answers: once a run of up to
+``trainer.rollouts_per_call`` rollouts. The baseline has no such
 round. This bench times one round per step alone, as when every rollout is a call of its own. Its actors
 are shaped like a cell's rank: a threaded actor with ``num_cpus=0`` and concurrency groups of its own. Each
 call spins on its CPU for one step's worth of time, as training would. Per step length it prints:

@@ -7,8 +7,8 @@ of a committed rollout on each side (rollout 0 is warm-up and skipped), their ra
 target step's breakdown as its ranks and driver measured it (medians over rollouts, max over
 cells): compute (forward/backward/optimizer), cross-cell reduce, weight checksums, witness
 bookkeeping, event writes, the driver's analyzer, and the rest of the driver's round trip (Ray
-calls, refresh; with the audit off, consecutive rollouts train in one call per rank, and the round
-trip falls on the first rollout of each such run), with the baseline's ranks' compute, reduce,
+calls, refresh; consecutive rollouts train in one call per rank, and the round trip falls on the first
+rollout of each such run), with the baseline's ranks' compute, reduce,
 witness and dump sections beside it. Wall ratios follow the machine's load, which on a shared machine changes between
 the baseline's rollouts and the target's; so each side's CPU seconds per committed rollout are
 reported too (its ranks' processes, plus the target's driver; Ray's own daemons not counted), with
@@ -466,8 +466,8 @@ def markdown(steps: list[dict], heals: list[dict], when: str) -> str:
             "`*_range`: the lowest and highest ratio over the repeats; `best_ratio`: the target's fastest run over "
             "the baseline's); the target's breakdown is the median over "
             "rollouts of the slowest cell's section times; `driver_rest_s` is the driver's step time minus its "
-            "analyzer and its slowest cell's training of it (Ray round trips, refresh; with the audit off, a call "
-            "trains a run of rollouts, and its first carries the round trip); `baseline_*_s`: the same sections of the "
+            "analyzer and its slowest cell's training of it (Ray round trips, refresh; a call trains a run of "
+            "rollouts, and its first carries the round trip); `baseline_*_s`: the same sections of the "
             "baseline's slowest rank, where the two sides share them. `*_cpu_s`: the side's CPU "
             "seconds per committed rollout (median; ranks, plus the target's driver), which the machine's load "
             "(`load_avg`, 1-minute, at the run's start) moves much less than the wall times. `turn_s`: the two sides "

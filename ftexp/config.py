@@ -229,9 +229,10 @@ class TrainerConfig:
     # Cross-cell gloo timeout. Short on CPU: a survivor may wait this long for a dead peer.
     cross_cell_timeout_s: float = 10.0
     max_attempts: int = 30                # group-level attempts of one train call (one rollout, or a run of them)
-    # Consecutive rollouts with nothing to run between them (audit off, no engines, save or test action)
-    # train in one call per rank, up to this many: Ray's cost of a call and the round trip through the
-    # driver are paid once per run instead of once per rollout. 1: a call per rollout.
+    # Consecutive rollouts with nothing to run between them (no engines, save or test action) train in
+    # one call per rank, up to this many: Ray's cost of a call and the round trip through the driver are
+    # paid once per run instead of once per rollout. The audit's analyzer checks a run's events before
+    # the next call. 1: a call per rollout (the analyzer then stops a broken run at the next rollout).
     rollouts_per_call: int = 8
     retry_backoff_s: float = 0.5          # doubles per attempt, capped at retry_backoff_max_s
     retry_backoff_max_s: float = 60.0

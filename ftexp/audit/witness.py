@@ -17,7 +17,9 @@ they and the most recently allocated ``min(keep, c)`` ids partition the ring.
 Zeroing keeps pace with reuse only while the ids handed out from one commit to the next number at
 most ``B − keep`` (~0.3·B); otherwise a slot can be handed out again before any commit zeroed it,
 and its old non-zero row could hide a lost sample. The default buffer (1,048,576 slots) allows
-1,228 attempts of 256 samples per commit; a buffer below ~3.4× the samples per rollout allows none.
+1,228 attempts of 256 samples per commit; a buffer below ~3.4× the samples per rollout allows none. A run of
+rollouts trained in one call has its ids all handed out before its first commit, so the driver keeps runs
+within that bound (``allocations_between_commits``).
 
 Stale slots form one arc of the ring, so they travel as at most two half-open ranges rather than a
 list: at the default buffer size nearly the whole buffer (~1M ids) is stale for the first thousands
@@ -128,6 +130,13 @@ class WitnessIdAllocator:
         if start + num_stale <= buffer:
             return [(start, start + num_stale)]
         return [(start, buffer), (0, start + num_stale - buffer)]
+
+
+def allocations_between_commits(buffer_size: int, num_ids: int) -> int:
+    """How many allocations of ``num_ids`` may be handed out from one commit to the next: at most ``B − keep``
+    ids (module docstring), and always one."""
+    keep = buffer_size * KEEP_NUMERATOR // KEEP_DENOMINATOR
+    return max(1, (buffer_size - keep) // max(1, num_ids))
 
 
 def persisted_counter(events: Iterable[object]) -> int:

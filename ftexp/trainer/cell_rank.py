@@ -87,8 +87,8 @@ class CellRanks:
         return self.processes[rank].call("reconfigure", info, send_to)
 
     def train(self, rank: int, rollout_ids: list[int], attempt: int,
-              witness: WitnessInfo | None) -> list[tuple[str, dict[str, float] | None, float]]:
-        return self.processes[rank].call("train", rollout_ids, attempt, witness)
+              witnesses: list[WitnessInfo] | None) -> list[tuple[str, dict[str, float] | None, float]]:
+        return self.processes[rank].call("train", rollout_ids, attempt, witnesses)
 
     def update_weights(self, rank: int, order: WeightPush) -> dict[str, str] | None:
         return self.processes[rank].call("update_weights", order)

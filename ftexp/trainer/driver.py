@@ -2,8 +2,9 @@
 
 Runs inside the launched training job. It starts a local Ray instance bound to 127.0.0.1, hosts
 the TCPStore on which the cross-cell groups rendezvous, builds the cells, and for every rollout:
-train (with retries and healing) → group-level test actions → checkpoint. With the audit off,
-consecutive rollouts with nothing due between them train in one call per rank (``next_run``).
+train (with retries and healing) → group-level test actions → checkpoint. Consecutive rollouts with
+nothing due between them train in one call per rank (``next_run``); the audit's analyzer checks
+each call's events before the next.
 With live rollout engines, each rollout is first generated from the engines, and after it the
 first alive cell pushes its weights to them (``ftexp.trainer.rollout_engines``). With a task, the
 engines also answer its eval set before every ``eval_interval``-th rollout and after the last:
@@ -26,7 +27,7 @@ import ray
 from ftexp.atomic_files import write_text_atomically
 from ftexp.audit.analyzer import EventAnalysisError, IncrementalAnalyzer
 from ftexp.audit.events import ControlServerStartedEvent, EventLogger, ProcessIdentity
-from ftexp.audit.witness import WitnessIdAllocator
+from ftexp.audit.witness import WitnessIdAllocator, allocations_between_commits
 from ftexp.control.train_cells import ControlPlane
 from ftexp.engines.registry import get_engine
 from ftexp.faults.nodes import NodeFiles
@@ -136,7 +137,8 @@ def _evaluate(spec: JobSpec, engines: EngineAddresses, task: Task, events: Event
 
 
 def _fail_fast(analyzer: IncrementalAnalyzer | None) -> None:
-    """Stop the run at the first broken rule instead of training on from a corrupt state.
+    """Stop the run at the first broken rule instead of training on from a corrupt state: before each train call,
+    on the events of the calls before (``trainer.rollouts_per_call=1``: of every rollout before the next).
 
     With the audit off (``analyzer`` None: what a production run would use) nothing is analyzed while
     training; the verdict still checks what the log holds (e.g. the engine updates) at the end.
@@ -150,14 +152,22 @@ def _fail_fast(analyzer: IncrementalAnalyzer | None) -> None:
 
 def next_run(spec: JobSpec, pending: list[int]) -> list[int]:
     """The rollouts the next train call trains, from the consecutive ``pending``: the first, and the ones after it
-    that nothing has to run before — no analyzer or witness ids (audit), no rollout engines, no soak or control
-    plane, no planted bug, no save and no test action after the one before — at most
-    ``trainer.rollouts_per_call``."""
-    if (spec.trainer.audit or spec.live_rollout or spec.soak is not None
+    that nothing has to run before — no rollout engines, no soak or control plane, no planted bug, no save and no
+    test action after the one before — at most ``trainer.rollouts_per_call``.
+
+    The audit runs at a run's edges: the analyzer checks the events of the run before, and the group hands out
+    the witness ids of all its rollouts before its first; so a run's ids must fit in what the witness ring
+    allows between two commits."""
+    if (spec.live_rollout or spec.soak is not None
             or (spec.control is not None and spec.control.enabled) or spec.trainer.negative_control is not None):
         return pending[:1]
+    longest = spec.trainer.rollouts_per_call
+    if spec.trainer.witness_on:
+        rollout = spec.trainer.rollout
+        longest = min(longest, allocations_between_commits(spec.trainer.witness_buffer_size,
+                                                           rollout.rollout_batch_size * rollout.n_samples_per_prompt))
     run = pending[:1]
-    for rollout_id in pending[1:spec.trainer.rollouts_per_call]:
+    for rollout_id in pending[1:longest]:
         if spec.should_save(run[-1]) or spec.plan.group_actions_after(run[-1]):
             break
         run.append(rollout_id)
@@ -238,7 +248,7 @@ def _drive(spec: JobSpec) -> None:
                     _evaluate(spec, engines, task, events, rollout_id)
                 write_rollout(spec, engines, rollout_id, events, task)
             started, cpu_started = time.monotonic(), time.process_time()
-            _fail_fast(analyzer)  # on the previous rollout's events
+            _fail_fast(analyzer)  # on the previous run's events
             analyzer_s = time.monotonic() - started
             commits = group.train(run)
             cpu_s = (time.process_time() - cpu_started) / len(commits)  # the driver's CPU, shared by the run

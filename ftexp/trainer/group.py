@@ -3,8 +3,8 @@
 One call of ``train(rollout_ids)`` trains a run of consecutive rollouts to a commit each: up to
 ``max_attempts`` attempts, each of which
 
-0. allocates fresh witness ids for the rollout's samples and logs them — every attempt, so the
-   analyzer can tell a retry's samples from a discarded attempt's (witness ids: a run of one);
+0. allocates fresh witness ids for the samples of each of the run's rollouts and logs them — every
+   attempt, so the analyzer can tell a retry's samples from a discarded attempt's;
 1. refreshes membership — if a cell is pending, an alive cell's quorum view is stale, or the
    current quorum is spent (it never formed, or an attempt on it was discarded: some rank's group
    failed, and a failed group is never reused), bump the quorum id, allocate the pending cells,
@@ -18,8 +18,8 @@ One call of ``train(rollout_ids)`` trains a run of consecutive rollouts to a com
    stands. The rest of the run goes on at the next attempt number.
 
 The driver makes a run longer than one rollout only where nothing has to happen between its
-rollouts (no audit, no engines, no save, no test action): then the ranks go from one rollout to the
-next without a round trip through the driver, and Ray's cost of a call is paid once per run. A rank
+rollouts (no engines, no save, no test action): then the ranks go from one rollout to the next
+without a round trip through the driver, and Ray's cost of a call is paid once per run. A rank
 that stops before its run's end would leave its peers waiting for it in the next rollout's reduce:
 its answer spends the quorum and releases them.
 
@@ -298,9 +298,7 @@ class TrainGroup:
 
     # ---- a run of rollouts ---------------------------------------------------------------------
     def train(self, rollout_ids: list[int]) -> list[Commit]:
-        """Train consecutive ``rollout_ids`` to a commit each, in one call per rank and attempt (several only
-        without witnesses: a run's call carries the ids of one rollout)."""
-        assert len(rollout_ids) == 1 or self.witness_allocator is None, "witness ids are allocated per rollout"
+        """Train consecutive ``rollout_ids`` to a commit each, in one call per rank and attempt."""
         commits: list[Commit] = []
         backoff = self.cfg.retry_backoff_s
         since = time.monotonic()  # the previous commit as the driver saw it (here: the run's start)
@@ -326,22 +324,24 @@ class TrainGroup:
             backoff = min(backoff * 2, self.cfg.retry_backoff_max_s)
         raise RuntimeError(f"rollout {rollout_ids[len(commits)]}: no commit after {self.cfg.max_attempts} attempts")
 
-    def _allocate_witness(self, rollout_id: int, attempt: int) -> WitnessInfo | None:
+    def _allocate_witnesses(self, rollout_ids: list[int], attempt: int) -> list[WitnessInfo] | None:
+        """Fresh witness ids for each rollout of the run, in order, each allocation logged."""
         if self.witness_allocator is None:
             return None
-        rollout = self.cfg.rollout
-        witness = self.witness_allocator.allocate(rollout.rollout_batch_size * rollout.n_samples_per_prompt)
-        self.events.log(allocation_event(rollout_id, attempt, witness, self.witness_allocator.counter))
-        return witness
+        rollout, witnesses = self.cfg.rollout, []
+        for rollout_id in rollout_ids:
+            witnesses.append(self.witness_allocator.allocate(rollout.rollout_batch_size * rollout.n_samples_per_prompt))
+            self.events.log(allocation_event(rollout_id, attempt, witnesses[-1], self.witness_allocator.counter))
+        return witnesses
 
     def _attempt(self, rollout_ids: list[int], attempt: int, since: float) -> tuple[list[Commit], float, str | None]:
         """One attempt of the run ``rollout_ids``: the rollouts it committed, when the last of them committed, and
         why the next one did not (None: the whole run committed).
 
         Raises ``RetryableStepError`` where none committed; the first that did not is the next attempt's first."""
-        witness = self._allocate_witness(rollout_ids[0], attempt)
+        witnesses = self._allocate_witnesses(rollout_ids, attempt)
         self.refresh(rollout_ids[0])
-        refs = {i: self.cells[i].submit("train", rollout_ids, attempt, witness) for i in self.alive_indices()}
+        refs = {i: self.cells[i].submit("train", rollout_ids, attempt, witnesses) for i in self.alive_indices()}
         self.waiting_on = {i: f"rollouts {rollout_ids[0]}..{rollout_ids[-1]} attempt {attempt}: train" for i in refs}
         quorum_id = self.quorum_id
 

@@ -278,16 +278,16 @@ class Rank:
 
     # ---- training -----------------------------------------------------------------------------
     def train(self, rollout_ids: list[int], attempt: int,
-              witness: WitnessInfo | None) -> list[tuple[str, dict[str, float] | None, float]]:
+              witnesses: list[WitnessInfo] | None) -> list[tuple[str, dict[str, float] | None, float]]:
         """One attempt of a run of consecutive rollouts, in order, stopping after the first that does not commit.
 
         Per rollout trained: its outcome, its metrics, and its seconds since the previous one's end (the first:
-        since the call began). ``witness`` holds the ids of a run of one rollout (a run of several has none)."""
-        assert witness is None or len(rollout_ids) == 1, "witness ids are allocated for one rollout at a time"
+        since the call began). ``witnesses``: each rollout's witness ids, where the model has witnesses."""
+        assert witnesses is None or len(witnesses) == len(rollout_ids), "witness ids come one set per rollout"
         trained = []
         mark = time.perf_counter()
-        for rollout_id in rollout_ids:
-            outcome, metrics = self._train_rollout(rollout_id, attempt, witness)
+        for n, rollout_id in enumerate(rollout_ids):
+            outcome, metrics = self._train_rollout(rollout_id, attempt, witnesses[n] if witnesses is not None else None)
             now = time.perf_counter()
             trained.append((outcome, metrics, now - mark))
             mark = now

@@ -13,7 +13,8 @@ import pytest
 import ray
 
 from ftexp.audit.events import (CellLifecycleEvent, CellReconfigureEvent, EventLogger, ProcessIdentity,
-                                TrainGroupStepEndEvent, read_events)
+                                TrainGroupStepEndEvent, WitnessAllocateIdEvent, read_events)
+from ftexp.audit.witness import WitnessIdAllocator
 from ftexp.config import TrainerConfig
 from ftexp.trainer.cell import Cell, CellState
 from ftexp.trainer.cell_rank import RankHandle
@@ -29,7 +30,7 @@ class ScriptedRank:
         # train: "normal"; "fail" (the cell dies mid-step); "collective" (block as in a cross-cell
         # collective with a peer in attempt 0, until the driver releases it); "discard_once" (its first
         # reduce fails). "<behaviour>@<rollout>": only at that rollout.
-        self.cell_index, self.calls, self.runs = cell_index, [], []
+        self.cell_index, self.calls, self.runs, self.witness_ids = cell_index, [], [], []
         self.train_behaviour, _, at = train.partition("@")
         self.behaviour_at = int(at) if at else None
         self.released = threading.Event()
@@ -51,9 +52,10 @@ class ScriptedRank:
         self.calls.append(("reconfigure", info.quorum_id, list(send_to)))
         return {"ok": True, "configure_s": 0.0, "transfer_wait_s": 0.0, "load_s": 0.0, "bytes": 100 * len(send_to)}
 
-    def train(self, rank, rollout_ids, attempt, witness):
+    def train(self, rank, rollout_ids, attempt, witnesses):
         """As a CellRanks rank: the run's rollouts in order, stopping after the first that does not commit."""
         self.runs.append((list(rollout_ids), attempt))
+        self.witness_ids.append([w.witness_ids for w in witnesses] if witnesses is not None else None)
         trained, mark = [], time.perf_counter()
         for rollout_id in rollout_ids:
             outcome = self._train_rollout(rollout_id, attempt)
@@ -87,6 +89,9 @@ class ScriptedRank:
 
     def get_runs(self, rank):
         return self.runs
+
+    def get_witness_ids(self, rank):
+        return self.witness_ids
 
     def fail(self, rank):
         raise RuntimeError("scripted failure")
@@ -183,11 +188,11 @@ def shut_groups_down():
         _groups.pop().shutdown()
 
 
-def _group(tmp_path, n=3, behaviour=None, **trainer):
+def _group(tmp_path, n=3, behaviour=None, witness_allocator=None, **trainer):
     events = EventLogger(tmp_path / "events", ProcessIdentity(component="main"))
     behaviour = behaviour or {}
     group = TrainGroup(n, 1, lambda c, incarnation: _scripted(c, behaviour.get(c, "normal")), events,
-                       TrainerConfig(**{"retry_backoff_s": 0.01, **trainer}))
+                       TrainerConfig(**{"retry_backoff_s": 0.01, **trainer}), witness_allocator)
     _groups.append(group)
     group.init(load_rollout_id=None)
     return group
@@ -393,6 +398,22 @@ def test_a_rollout_that_does_not_commit_ends_the_attempt_and_the_rest_of_the_run
     assert ("released", 2) in ray.get(group.cells[0].ranks[0].get_calls.remote())
     assert ray.get(group.cells[1].ranks[0].get_runs.remote()) == [([0, 1, 2], 0), ([1, 2], 1)]
     assert _reconfigures(tmp_path) == [(1, [], [0, 1])]  # the discarded attempt spent quorum 0
+
+
+def test_each_rollout_of_a_run_gets_fresh_witness_ids_at_every_attempt(tmp_path):
+    """The run 0..2 with witnesses: attempt 0 hands out ids for all three rollouts before any trains, and logs
+    each allocation; cell 1 discards rollout 1, so attempt 1 gives rollouts 1 and 2 new ids (a retry's samples
+    must be told from the discarded attempt's), and attempt 0's ids of rollout 2, never trained, are not reused."""
+    samples = TrainerConfig().rollout.rollout_batch_size * TrainerConfig().rollout.n_samples_per_prompt
+    group = _group(tmp_path, n=2, behaviour={1: "discard_once@1"}, witness_allocator=WitnessIdAllocator(100 * samples))
+    group.train([0, 1, 2])
+    ids = lambda first, count: [list(range(first + k * samples, first + (k + 1) * samples)) for k in range(count)]
+    for cell in group.cells:
+        assert ray.get(cell.ranks[0].get_witness_ids.remote()) == [ids(0, 3), ids(3 * samples, 2)]
+    allocations = [(e.rollout_id, e.attempt, sorted(e.witness_id_to_sample_index))
+                   for e in read_events(tmp_path / "events") if isinstance(e, WitnessAllocateIdEvent)]
+    assert allocations == [(0, 0, ids(0, 1)[0]), (1, 0, ids(samples, 1)[0]), (2, 0, ids(2 * samples, 1)[0]),
+                           (1, 1, ids(3 * samples, 1)[0]), (2, 1, ids(4 * samples, 1)[0])]
 
 
 def test_a_cell_dying_in_a_run_leaves_the_commits_before_it_and_the_retry_shrinks(tmp_path):

@@ -63,6 +63,11 @@ class RolloutConfig:
     engine_top_p: float = 1.0
     engine_start_timeout_s: float = 300.0  # 4 engines + the trainer starting on 2 loaded cores
 
+    @property
+    def samples(self) -> int:
+        """Samples per rollout: each prompt's group of answers."""
+        return self.rollout_batch_size * self.n_samples_per_prompt
+
 
 class Engine(enum.Enum):
     torch = "torch"        # builtin tiny GPT, one rank per cell

@@ -160,7 +160,7 @@ def validate(cfg: ExperimentConfig) -> None:
         policy_tokenizer(mode)  # its tokenizer.json must load, task or not: the engines and the router use it
     if mode.num_cells < 1:
         raise InputError(f"mode {mode.name}: num_cells must be >= 1")
-    samples = cfg.trainer.rollout.rollout_batch_size * cfg.trainer.rollout.n_samples_per_prompt
+    samples = cfg.trainer.rollout.samples
     if samples % mode.num_cells:
         raise InputError(f"{samples} samples per rollout do not divide over {mode.num_cells} cells")
     if cfg.trainer.rollouts_per_call < 1:

@@ -122,7 +122,7 @@ class WitnessIdAllocator:
         if self.counter == 0:
             return []
         buffer = self.buffer_size
-        keep = buffer * KEEP_NUMERATOR // KEEP_DENOMINATOR  # exact floor(0.7·B), no float rounding
+        keep = kept_slots(buffer)
         num_stale = buffer - min(keep, self.counter, buffer)
         start = self.counter % buffer
         if num_stale == 0:
@@ -132,11 +132,15 @@ class WitnessIdAllocator:
         return [(start, buffer), (0, start + num_stale - buffer)]
 
 
+def kept_slots(buffer_size: int) -> int:
+    """``keep``: the ring's live share, exactly floor(0.7·B) (no float rounding)."""
+    return buffer_size * KEEP_NUMERATOR // KEEP_DENOMINATOR
+
+
 def allocations_between_commits(buffer_size: int, num_ids: int) -> int:
     """How many allocations of ``num_ids`` may be handed out from one commit to the next: at most ``B − keep``
     ids (module docstring), and always one."""
-    keep = buffer_size * KEEP_NUMERATOR // KEEP_DENOMINATOR
-    return max(1, (buffer_size - keep) // max(1, num_ids))
+    return max(1, (buffer_size - kept_slots(buffer_size)) // max(1, num_ids))
 
 
 def persisted_counter(events: Iterable[object]) -> int:

@@ -57,7 +57,7 @@ def generate_live_rollout(router: EngineClient, rollout_id: int, cfg: RolloutCon
     With a ``task``, prompts are its problems in ``tokenizer``'s ids and responses stop at the
     tokenizer's end-of-answer token or after ``max_response_tokens``.
     """
-    num_samples = cfg.rollout_batch_size * cfg.n_samples_per_prompt
+    num_samples = cfg.samples
     problems: list[Problem] = []
     if task is None:
         prompts = rollout_prompts(rollout_id, cfg, vocab_size)

@@ -87,7 +87,7 @@ def check_resume(cfg: ExperimentConfig, run_dir: Path, phase: PhaseConfig, side:
     snapshot_events = read_events(snapshot)
     snapshot_counter = persisted_counter(snapshot_events)
     witness_on = cfg.trainer.witness_on
-    samples = cfg.trainer.rollout.rollout_batch_size * cfg.trainer.rollout.n_samples_per_prompt
+    samples = cfg.trainer.rollout.samples
     ranks = cfg.mode.num_cells * get_engine(cfg.trainer.engine).ranks_per_replica(cfg.mode)
     issues: list[str] = []
 

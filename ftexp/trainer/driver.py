@@ -163,9 +163,8 @@ def next_run(spec: JobSpec, pending: list[int]) -> list[int]:
         return pending[:1]
     longest = spec.trainer.rollouts_per_call
     if spec.trainer.witness_on:
-        rollout = spec.trainer.rollout
         longest = min(longest, allocations_between_commits(spec.trainer.witness_buffer_size,
-                                                           rollout.rollout_batch_size * rollout.n_samples_per_prompt))
+                                                           spec.trainer.rollout.samples))
     run = pending[:1]
     for rollout_id in pending[1:longest]:
         if spec.should_save(run[-1]) or spec.plan.group_actions_after(run[-1]):

@@ -328,9 +328,9 @@ class TrainGroup:
         """Fresh witness ids for each rollout of the run, in order, each allocation logged."""
         if self.witness_allocator is None:
             return None
-        rollout, witnesses = self.cfg.rollout, []
+        witnesses = []
         for rollout_id in rollout_ids:
-            witnesses.append(self.witness_allocator.allocate(rollout.rollout_batch_size * rollout.n_samples_per_prompt))
+            witnesses.append(self.witness_allocator.allocate(self.cfg.rollout.samples))
             self.events.log(allocation_event(rollout_id, attempt, witnesses[-1], self.witness_allocator.counter))
         return witnesses
 

@@ -404,7 +404,7 @@ def test_each_rollout_of_a_run_gets_fresh_witness_ids_at_every_attempt(tmp_path)
     """The run 0..2 with witnesses: attempt 0 hands out ids for all three rollouts before any trains, and logs
     each allocation; cell 1 discards rollout 1, so attempt 1 gives rollouts 1 and 2 new ids (a retry's samples
     must be told from the discarded attempt's), and attempt 0's ids of rollout 2, never trained, are not reused."""
-    samples = TrainerConfig().rollout.rollout_batch_size * TrainerConfig().rollout.n_samples_per_prompt
+    samples = TrainerConfig().rollout.samples
     group = _group(tmp_path, n=2, behaviour={1: "discard_once@1"}, witness_allocator=WitnessIdAllocator(100 * samples))
     group.train([0, 1, 2])
     ids = lambda first, count: [list(range(first + k * samples, first + (k + 1) * samples)) for k in range(count)]

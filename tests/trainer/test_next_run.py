@@ -44,7 +44,7 @@ def test_a_run_hands_out_no_more_witness_ids_than_the_ring_allows_between_two_co
     """Ids handed out from one commit to the next may number at most 30 % of the witness ring (more, and a slot
     could come round again before a commit zeroed it); a run hands out all its rollouts' ids before its first."""
     trainer = TrainerConfig(enable_witness=True)
-    samples = trainer.rollout.rollout_batch_size * trainer.rollout.n_samples_per_prompt
+    samples = trainer.rollout.samples
     spec = JobSpec(side="target", phase="", side_dir=SideDir(tmp_path), data_dir=tmp_path, trainer=trainer,
                    mode=ModeConfig(name="dp2", num_cells=2), num_rollout=8, plan=FaultPlan([], 2))
     for buffer, runs in ((10 * samples, [[0, 1, 2], [3, 4, 5], [6, 7]]),  # 0.3 * 10 rollouts' ids: three rollouts

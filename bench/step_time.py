@@ -20,11 +20,11 @@ rate over a raw loopback socket copy of the same bytes (``loopback_copy.py``): o
 split over as many connections as the heal used (one per rank pair), all at once.
 A run whose verdict failed is timed all the same (it trained every rollout) and its row names the failed
 checks; a run that ended without a verdict becomes a row saying so, and the bench goes on.
-Where a side trains for many seconds (the ~1 s/step model, megatron modes), a run's two sides train at once,
-taking turns at the machine, ``--turn-s`` seconds each (``taking_turns.py``): one after the other they saw two
-different machines, since this shared VM's speed drifts by 10-20 % for minutes at a time. A step's time counts
-only while its side ran. (A small torch model's side trains in about a second, within one turn; its runs train
-one after the other.) Even so a run's ratio moves by several percent: two runs of the same side, taking turns,
+A run's two sides train at once, taking turns at the machine, ``--turn-s`` seconds each (``taking_turns.py``):
+one after the other they saw two different machines, since this shared VM's speed drifts by 10-20 % for minutes
+at a time, and by 2x between runs of a second. A step's time counts only while its side ran. So that every side
+trains for several turns, the small torch models' runs train ``--small-rollouts`` (128; a side ~8 s), the
+~1 s/step model's and megatron modes' ``--rollouts`` (16). Even so a run's ratio moves by several percent: two runs of the same side, taking turns,
 measured up to 7 % apart, their CPU per step as far, so some of that spread is each run's own. Each configuration therefore runs ``--repeats`` times and the row gives
 the median run (by wall ratio) with the range of both ratios over the repeats, and the ratio of each side's
 fastest run (noise only ever adds time). The repeats alternate which side starts and takes its turn (or trains)
@@ -44,7 +44,7 @@ multiprocessing fork server, the target's fork server per node), as every run st
 that share their importer's pages run measurably cheaper steps than fresh interpreters (~15 % of CPU on
 megatron's baseline, ``results/2026-12-04_megatron_cpu_gap.md``), so the two sides start alike.
 
-    python bench/step_time.py                              # dp2 and dp4, 16 rollouts, 3 runs each
+    python bench/step_time.py                              # dp2 and dp4, 128 rollouts, 3 runs each
     python bench/step_time.py --modes dp2 --heal --large   # + heal timings + a ~1 s/step model
     python bench/step_time.py --modes dp2_cp2_tp2_ep2 --heal-only --large   # megatron heals, its model and a wide one
     python bench/step_time.py --modes dp2_cp2_tp2_ep2 --audit off --repeats 5   # one bound, more repeats
@@ -508,7 +508,10 @@ def measure(rows: list[dict], identity: dict, row_of: Callable[..., dict], *row_
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--modes", nargs="+", default=["dp2", "dp4"])
-    parser.add_argument("--rollouts", type=int, default=16, help="rollouts per no_failure run (rollout 0 is warm-up)")
+    parser.add_argument("--rollouts", type=int, default=16,
+                        help="rollouts per no_failure run of the ~1 s/step model and megatron modes (rollout 0 is warm-up)")
+    parser.add_argument("--small-rollouts", type=int, default=128,
+                        help="rollouts per no_failure run of the small torch models (a side trains ~8 s: several turns)")
     parser.add_argument("--repeats", type=int, default=3, help="no_failure runs per configuration (the median is reported)")
     parser.add_argument("--heal", action="store_true", help="also time a with_failure run per mode")
     parser.add_argument("--heal-repeats", type=int, default=3,
@@ -518,9 +521,8 @@ def main() -> int:
     parser.add_argument("--audit", choices=["on", "off", "both"], default="both",
                         help="which of a mode's no_failure runs to time: with the audit on, off, or both")
     parser.add_argument("--turn-s", type=float, default=5.0,
-                        help="the ~1 s/step model's and megatron modes' no_failure runs: their sides train at once, "
-                             "taking turns at the machine this many seconds each (< the 10 s cross-cell timeout); "
-                             "0: one after the other, as the small torch models' runs always train")
+                        help="no_failure runs: their sides train at once, taking turns at the machine this many "
+                             "seconds each (< the 10 s cross-cell timeout); 0: one after the other")
     parser.add_argument("--large", action="store_true",
                         help="also run a ~1 s/step torch model (torch modes); with --heal, heal a wide megatron model")
     parser.add_argument("--name", default=dt.datetime.now().strftime("%Y-%m-%d_%H%M"), help="results file name")
@@ -528,22 +530,23 @@ def main() -> int:
     if not 0 <= args.turn_s < 10:
         parser.error(f"--turn-s {args.turn_s:g}: must be 0 or more and below 10 (a stopped target's cross-cell "
                      f"collectives time out after 10 s)")
-    rollouts = [f"scenario.num_rollout={args.rollouts}"]
     steps, heals = [], []
     audits = [] if args.heal_only else ["on", "off"] if args.audit == "both" else [args.audit]
     for mode in args.modes:
-        # Turns pay where a side trains for many seconds. A small torch model's side trains its 16 rollouts in about
-        # a second, within one turn, so its steps would not interleave, and whether the target trains right after
-        # its own start-up (while Ray is still settling) or seconds later decided its ratio: dp2, audit on,
-        # 0.75-1.36 over nine runs taking turns, 1.08-1.13 one after the other.
-        turn_s = args.turn_s if engine_of(mode) == "megatron" else 0.0
+        # Turns pay only where a side trains over several of them. A small torch model's side trained its 16
+        # rollouts in about a second, within one turn: taking turns, whether the target trained right after its
+        # own start-up or seconds later decided its ratio (dp2, audit on: 0.75-1.36 over nine runs), and one after
+        # the other the host's moment did (dp4, audit off: 0.57-1.51 over seven). Over 128 rollouts, taking turns,
+        # five runs each: dp4 audit off 0.92-1.02, dp2 audit on 0.86-1.07.
+        small = engine_of(mode) == "torch"
+        rollouts = [f"scenario.num_rollout={args.small_rollouts if small else args.rollouts}"]
         for audit in audits:
             label, extra = f"audit {audit}", [] if audit == "on" else ["trainer.audit=false"]
             measure(steps, {"mode": mode, "run": label}, repeated_step_row, mode, label, rollouts + extra, args.repeats,
-                    turn_s)
-        if args.large and engine_of(mode) == "torch" and not args.heal_only:
+                    args.turn_s)
+        if args.large and small and not args.heal_only:
             measure(steps, {"mode": mode, "run": "large, audit on"}, repeated_step_row, mode, "large, audit on",
-                    rollouts + LARGE_MODEL, args.repeats, args.turn_s)
+                    [f"scenario.num_rollout={args.rollouts}", *LARGE_MODEL], args.repeats, args.turn_s)
         if args.heal or args.heal_only:
             for spare_cells in (0, 1):
                 measure(heals, {"mode": mode, "spare_cells": spare_cells}, repeated_heal_row, mode, spare_cells, None,

@@ -24,8 +24,8 @@ A run's two sides train at once, taking turns at the machine, ``--turn-s`` secon
 one after the other they saw two different machines, since this shared VM's speed drifts by 10-20 % for minutes
 at a time, and by 2x between runs of a second. A step's time counts only while its side ran. So that every side
 trains for several turns, the small torch models' runs train ``--small-rollouts`` (128; a side ~8 s), the
-~1 s/step model's and megatron modes' ``--rollouts`` (16). Even so a run's ratio moves by several percent: two runs of the same side, taking turns,
-measured up to 7 % apart, their CPU per step as far, so some of that spread is each run's own. Each configuration therefore runs ``--repeats`` times and the row gives
+~1 s/step model's and megatron modes' ``--rollouts`` (16). Even so a run's ratio moves by several percent: two
+runs of the same side, taking turns, measured up to 7 % apart, their CPU per step as far, so some of that spread is each run's own. Each configuration therefore runs ``--repeats`` times and the row gives
 the median run (by wall ratio) with the range of both ratios over the repeats, and the ratio of each side's
 fastest run (noise only ever adds time). The repeats alternate which side starts and takes its turn (or trains)
 first, the baseline in the first, so that what goes first does not always fall on the same side.
@@ -536,15 +536,15 @@ def main() -> int:
         # Turns pay only where a side trains over several of them. A small torch model's side trained its 16
         # rollouts in about a second, within one turn: taking turns, whether the target trained right after its
         # own start-up or seconds later decided its ratio (dp2, audit on: 0.75-1.36 over nine runs), and one after
-        # the other the host's moment did (dp4, audit off: 0.57-1.51 over seven). Over 128 rollouts, taking turns,
-        # five runs each: dp4 audit off 0.92-1.02, dp2 audit on 0.86-1.07.
-        small = engine_of(mode) == "torch"
-        rollouts = [f"scenario.num_rollout={args.small_rollouts if small else args.rollouts}"]
+        # the other the host's moment did (dp4, audit off: 0.57-1.51 over seven). Over 128 rollouts, taking turns:
+        # dp4 audit off 0.92-1.02 and 0.93-1.01 over five runs in two invocations.
+        torch_engine = engine_of(mode) == "torch"  # its own models are the small ones
+        rollouts = [f"scenario.num_rollout={args.small_rollouts if torch_engine else args.rollouts}"]
         for audit in audits:
             label, extra = f"audit {audit}", [] if audit == "on" else ["trainer.audit=false"]
             measure(steps, {"mode": mode, "run": label}, repeated_step_row, mode, label, rollouts + extra, args.repeats,
                     args.turn_s)
-        if args.large and small and not args.heal_only:
+        if args.large and torch_engine and not args.heal_only:
             measure(steps, {"mode": mode, "run": "large, audit on"}, repeated_step_row, mode, "large, audit on",
                     [f"scenario.num_rollout={args.rollouts}", *LARGE_MODEL], args.repeats, args.turn_s)
         if args.heal or args.heal_only:

@@ -54,8 +54,10 @@ def test_one_side_computes_at_a_time_and_its_steps_count_only_while_it_ran(tmp_p
         # Turns interrupted steps: their wall time holds the other side's turn.
         assert interrupted and whole and max(r["step_time_s"] for r in rows) > TURN_S
         # With the stops taken out, an interrupted step took about as long as a whole one, and no step less than
-        # the CPU it burned (robust to other tests loading the machine: both kinds of step slow down alike).
-        assert statistics.median(interrupted) < 1.5 * statistics.median(whole), (name, timed)
+        # the CPU it burned. Each interrupted step spans a whole turn of the other side's: left in, it would add
+        # ~TURN_S. The margin is additive because another test loading the machine slows a resumed step more
+        # than a whole one (1.7x of a whole step's median, once, in CI).
+        assert statistics.median(interrupted) < statistics.median(whole) + TURN_S / 2, (name, timed)
         assert min(running for running, _ in timed) > 0.9 * STEP_CPU_S, (name, timed)
     # The turns began once both had committed their first rollout: the quick starter waited for the slow one.
     assert min(side.ends[1] for side in turns.values()) > max(side.ends[0] for side in turns.values())

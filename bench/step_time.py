@@ -25,9 +25,10 @@ one after the other they saw two different machines, since this shared VM's spee
 at a time, and by 2x between runs of a second. A step's time counts only while its side ran. So that every side
 trains for several turns, the small torch models' runs train ``--small-rollouts`` (128; a side ~8 s), the
 ~1 s/step model's and megatron modes' ``--rollouts`` (16). Even so a run's ratio moves by several percent: two
-runs of the same side, taking turns, measured up to 7 % apart, their CPU per step as far, so some of that spread is each run's own. Each configuration therefore runs ``--repeats`` times and the row gives
-the median run (by wall ratio) with the range of both ratios over the repeats, and the ratio of each side's
-fastest run (noise only ever adds time). The repeats alternate which side starts and takes its turn (or trains)
+runs of the same side, taking turns, measured up to 7 % apart, their CPU per step as far, so some of that
+spread is each run's own. Each configuration therefore runs ``--repeats`` times and the row gives the median run
+(by wall ratio) with the range of both ratios over the repeats, and the ratio of each side's fastest run (noise
+only ever adds time). The repeats alternate which side starts and takes its turn (or trains)
 first, the baseline in the first, so that what goes first does not always fall on the same side.
 A configuration's repeats train on the same rollouts, recorded once before them.
 ``--large`` trains a torch model big enough that a step takes about a second on a 2-core CPU,

@@ -43,7 +43,7 @@ def spin(seconds: float) -> None:
         pass
 
 
-# Shaped like ftexp.trainer.cell_rank.CellRanks: other concurrency groups make Ray run it as a threaded actor.
+# Shaped like ftexp.trainer.cell_rank.RankHost: other concurrency groups make Ray run it as a threaded actor.
 @ray.remote(num_cpus=0, max_restarts=0, concurrency_groups={"heartbeat": 1, "lifeline": 1})
 class Rank:
     def train(self, rollout_id: int, step_s: float) -> tuple[str, dict[str, float]]:

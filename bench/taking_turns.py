@@ -40,15 +40,23 @@ def process_tree(pid: int) -> list[int]:
     return out
 
 
-def signal_tree(pid: int, sig: signal.Signals) -> None:
+def signal_tree(pid: int, sig: signal.Signals) -> set[int]:
     """Send ``sig`` to every process of ``pid``'s tree; twice over, since a process that was starting a child
-    when it was stopped may have started it."""
+    when it was stopped may have started it. Returns the pids signalled."""
+    signalled = set()
     for _ in range(2):
         for p in process_tree(pid):
-            try:
-                os.kill(p, sig)
-            except ProcessLookupError:
-                pass
+            if _signal(p, sig):
+                signalled.add(p)
+    return signalled
+
+
+def _signal(pid: int, sig: signal.Signals) -> bool:
+    try:
+        os.kill(pid, sig)
+        return True
+    except ProcessLookupError:
+        return False
 
 
 def _version(path: Path) -> tuple[int, int]:
@@ -118,17 +126,22 @@ def take_turns(sides: dict[str, tuple[subprocess.Popen, Path]], first: str, turn
     turns = {name: SideTurns(perf) for name, (_, perf) in sides.items()}
     procs = {name: proc for name, (proc, _) in sides.items()}
     stopped_since: dict[str, float] = {}
+    # The processes each stop reached, continued by pid as well as by tree: one whose parent exited just after the
+    # stop (a side's last process ending) has left the tree, and would stay stopped for good.
+    stopped_pids: dict[str, set[int]] = {}
 
     def alive() -> list[str]:
         return [name for name, proc in procs.items() if proc.poll() is None]
 
     def stop(name: str) -> None:
-        signal_tree(procs[name].pid, signal.SIGSTOP)
+        stopped_pids[name] = signal_tree(procs[name].pid, signal.SIGSTOP)
         stopped_since[name] = time.time()
 
     def go_on(name: str) -> None:
         continued = time.time()
         signal_tree(procs[name].pid, signal.SIGCONT)
+        for pid in stopped_pids.pop(name):
+            _signal(pid, signal.SIGCONT)
         turns[name].stopped.append((stopped_since.pop(name), continued))
 
     try:
@@ -157,6 +170,9 @@ def take_turns(sides: dict[str, tuple[subprocess.Popen, Path]], first: str, turn
         for side in turns.values():
             side.read_new_lines()
         return turns
-    finally:  # interrupted: no side is left stopped
+    finally:  # no process is left stopped: of a side that ended stopped, or of any when interrupted
         for name in stopped_since:
             signal_tree(procs[name].pid, signal.SIGCONT)
+        for pids in stopped_pids.values():
+            for pid in pids:
+                _signal(pid, signal.SIGCONT)

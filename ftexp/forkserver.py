@@ -18,15 +18,16 @@ server's own user may ask), from the process that will own the child (its "asker
 2. the server forks; the child takes the descriptors and the environment and runs
    ``function(connections)``; the server answers the child's pid;
 3. when the child ends, the server sends its exit code (negative: the signal) and closes the connection;
-   when the connection closes first — the asker died — the server SIGKILLs the child, which works even
-   on a frozen (stopped) one.
+   when the asker's side closes first — it died, or it asked for the child's end — the server SIGKILLs
+   the child, which works even on a frozen (stopped) one.
 
 The server is single-threaded — one selector over its socket, its connections and its children's
 pidfds — so a fork copies no lock that another thread holds, and it never runs torch itself, so a
 child starts before any thread pool exists. Its children get SIGKILL from the kernel when it dies.
 
 Over a child's pipes, ``answer`` sends a call's result or its exception and ``ask`` returns it or
-re-raises it; ``end_with`` ends the asker when its child ends, so the two die together either way.
+re-raises it. ``watch`` tells the asker when its child ends; ``end_with`` ends the asker then, so the
+two die together either way (a rollout engine's actor and its process).
 """
 
 from __future__ import annotations
@@ -228,17 +229,27 @@ def main(argv: list[str]) -> None:
 
 
 class ForkedChild:
-    """A process the node's fork server forked for this process: its pid, and ``wait()`` for its exit code."""
+    """A process the node's fork server forked for this process: its pid, ``wait()`` for its exit code, and
+    ``kill()``."""
 
     def __init__(self, sock: socket.socket, pid: int):
         self.sock, self.pid = sock, pid
+        self._closing = threading.Lock()  # a kill never shuts down a closed socket's reused descriptor
 
     def wait(self) -> int:
         """Block until the process ends: its exit code, negative for the signal that ended it (the server's
         end counts as SIGKILL: its children die with it)."""
         data = self.sock.recv(EXIT_CODE.size)
-        self.sock.close()
+        with self._closing:
+            self.sock.close()
         return EXIT_CODE.unpack(data)[0] if len(data) == EXIT_CODE.size else -signal.SIGKILL
+
+    def kill(self) -> None:
+        """Have the server SIGKILL the process, as if this one had died: closing our side of the connection
+        tells it to. The server, the process's parent, signals it before it can be reaped, so the signal
+        never reaches a reused pid; ``wait`` still gets the exit code. A no-op once it has ended."""
+        with self._closing, contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_WR)
 
 
 def fork_child(target: str, descriptors: list[int], env: dict[str, str]) -> ForkedChild:
@@ -264,34 +275,44 @@ def fork_child(target: str, descriptors: list[int], env: dict[str, str]) -> Fork
     return ForkedChild(sock, PID.unpack(data)[0])
 
 
+def describe_exit(code: int) -> str:
+    """An exit code as ``wait`` returns it, in words: "signal SIGKILL" or "exit code 1"."""
+    return f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+
+
+def watch(child: ForkedChild, on_end: Callable[[int], None]) -> None:
+    """Call ``on_end(exit code)`` on a thread of its own once ``child`` has ended."""
+    threading.Thread(target=lambda: on_end(child.wait()), name="forked-child-watch", daemon=True).start()
+
+
 def end_with(child: ForkedChild, what: str) -> None:
     """From now on, this process ends when ``child`` does, the same way (killed by a signal: SIGKILL; else its
-    exit code): a thread waits for it. ``what``: the child, for the log line ("the rank's process")."""
+    exit code). ``what``: the child, for the log line ("the rollout engine's process")."""
 
-    def keep() -> None:
-        code = child.wait()
-        how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
-        log.warning("%s (pid %d) ended (%s); the process it was forked for (pid %d) ends too", what, child.pid, how,
-                    os.getpid())
+    def end(code: int) -> None:
+        log.warning("%s (pid %d) ended (%s); the process it was forked for (pid %d) ends too", what, child.pid,
+                    describe_exit(code), os.getpid())
         sys.stdout.flush()
         sys.stderr.flush()
         if code < 0:
             os.kill(os.getpid(), signal.SIGKILL)
         os._exit(code or 1)
 
-    threading.Thread(target=keep, name="forked-child-keeper", daemon=True).start()
+    watch(child, end)
 
 
 # ---- calls over a child's pipes ------------------------------------------------------------------
 
 
-def ask(conn: Connection, request: Any) -> Any:
-    """Send ``request`` to the child and return its answer, or raise the error it answered. If the child died,
-    this waits for `end_with`'s thread to end this process."""
+def ask(conn: Connection, request: Any, ended: Callable[[], Exception] | None = None) -> Any:
+    """Send ``request`` to the child and return its answer, or raise the error it answered. If the child died:
+    raise ``ended()``, or without it wait for `end_with`'s thread to end this process."""
     try:
         conn.send(request)
         kind, value = conn.recv()
     except (EOFError, OSError):
+        if ended is not None:
+            raise ended() from None
         threading.Event().wait()
     if kind == "error":
         raise value

@@ -1,7 +1,7 @@
 """Ways to make the current process fail, modelled on torchft.
 
-A rank actor's ``inject_fault`` RPC has ``inject_fault(mode)`` called in the rank's own process (the
-one that trains; its actor then dies with it):
+A rank's ``inject_fault`` RPC (to its node's rank host) has ``inject_fault(mode)`` called in the rank's
+own process (the one that trains; the host then ends the rest of the rank's team):
 
 - ``sigkill``  the process sends itself SIGKILL;
 - ``exit``     ``os._exit(1)``: no cleanup, no ``finally`` blocks;

@@ -39,13 +39,14 @@ class CellHandle(Protocol):
     def status(self) -> CellSnapshot: ...
 
     def suspend(self) -> None:
-        """Stop the cell (kill its actors). Must be a no-op on a stopped cell."""
+        """Stop the cell (kill its ranks). Must be a no-op on a stopped cell."""
 
     def resume(self) -> None:
         """Mark a stopped cell pending; the real start happens at the next refresh."""
 
     def inject_fault(self, mode: FailureMode, sub_index: int) -> None:
-        """Fire-and-forget ``mode`` into actor ``sub_index``; raise ``NotSupported`` or any error."""
+        """Fire-and-forget ``mode`` into the cell's rank or engine ``sub_index``; raise ``NotSupported`` or any
+        error."""
 
 
 def cell_name(handle: CellHandle) -> str:

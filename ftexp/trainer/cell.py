@@ -4,16 +4,17 @@
        ▲                                                                            │
        └───────────────────────────────── start ────────────────────────────────────┘
 
-A cell's ranks are handles onto Ray actors (``ftexp.trainer.cell_rank``: one actor per node hosts
-the cell's ranks there). Any failed call on a cell marks it Errored, kills its actors and waits until
-Ray confirms they are dead, so a failure always ends in Stopped. ``start`` moves a Stopped cell back
-to Pending and already gets the next incarnation's ranks — a warm spare's, built long before
-(``ftexp.trainer.spares``), or new ones whose processes Ray starts in the background — so the heal
-at the group's next refresh waits for as little start-up as possible; the cell stays Pending (not
-yet part of any quorum) until that refresh allocates it.
+A cell's ranks are handles onto its ranks' processes (``ftexp.trainer.cell_rank``: each node's rank
+host serves the ranks placed there). Any failed call on a cell marks it Errored, kills its ranks and
+waits until each is confirmed ended, so a failure always ends in Stopped. ``start`` moves a Stopped
+cell back to Pending and already gets the next incarnation's ranks — a warm spare's, built long before
+(``ftexp.trainer.spares``), or new ones whose processes their host starts in the background — so the
+heal at the group's next refresh waits for as little start-up as possible; the cell stays Pending
+(not yet part of any quorum) until that refresh allocates it.
 
-Every rank runs a ``lifeline`` call that never returns: it fails the moment Ray learns its
-actor's process is gone, which lets the group notice a death between calls, not only at the next one.
+Every rank runs a ``lifeline`` call that never returns: it fails the moment the rank's process ends
+(or its host dies with its node), which lets the group notice a death between calls, not only at the
+next one.
 """
 
 from __future__ import annotations
@@ -75,8 +76,7 @@ class Cell:
         self.state = CellState.ERRORED
 
     def stop(self) -> None:
-        """Kill the ranks' actors (no wait; a Pending cell's early-started ones too) and become Stopped (a no-op if it
-        is)."""
+        """Kill the ranks (no wait; a Pending cell's early-started ones too) and become Stopped (a no-op if it is)."""
         if self.state == CellState.STOPPED:
             log.info("cell %d already stopped", self.index)
             return
@@ -97,7 +97,7 @@ class Cell:
         return [getattr(rank, method).remote(*args, **kwargs) for rank in self.ranks]
 
     def collect(self, refs: list[ray.ObjectRef]) -> list[Any]:
-        """Wait for every rank's result; on any failure: Errored → kill → confirm dead → re-raise."""
+        """Wait for every rank's result; on any failure: Errored → kill → confirm ended → re-raise."""
         try:
             return get_failing_fast(refs)
         except Exception:
@@ -123,11 +123,11 @@ class Cell:
                 try:
                     ray.get(handle.ping.remote(), timeout=1.0)
                 except (RayActorError, RayTaskError):
-                    break  # confirmed dead
+                    break  # confirmed dead: the rank's process ended (or its host died)
                 except GetTimeoutError:
                     pass
                 if time.monotonic() > deadline:
-                    log.error("cell %d: actor not confirmed dead after %.0fs; going on", self.index,
+                    log.error("cell %d: a rank not confirmed dead after %.0fs; going on", self.index,
                               CONFIRM_DEAD_DEADLINE_S)
                     break
                 time.sleep(0.05)

@@ -34,11 +34,11 @@ from ftexp.faults.nodes import NodeFiles
 from ftexp.faults.plan import NegativeControl, TestActionKind
 from ftexp.forkserver import forkserver
 from ftexp.job import JobSpec
-from ftexp.trainer.cell_rank import RankHandle, host_ranks
+from ftexp.placement import Placement
 from ftexp.trainer.checkpoint import resume_event, start_event_log
 from ftexp.trainer.group import TrainGroup
 from ftexp.trainer.local_ray import start_local_ray
-from ftexp.trainer.nodes import CellPlacer, restore_node
+from ftexp.trainer.nodes import CellPlacer, RankHosts, restore_node
 from ftexp.trainer.rank_process import RANK_PRELOAD
 from ftexp.tasks import build_task
 from ftexp.tasks.base import Task
@@ -71,8 +71,8 @@ def _group_actions(spec: JobSpec, group: TrainGroup, rollout_id: int) -> None:
 class StepWatchdog:
     """Turns a hang into a failure: no commit for ``deadline_s`` → log who waits on what, then exit."""
 
-    def __init__(self, group: TrainGroup, deadline_s: float):
-        self.group, self.deadline_s = group, deadline_s
+    def __init__(self, group: TrainGroup, hosts: RankHosts, deadline_s: float):
+        self.group, self.hosts, self.deadline_s = group, hosts, deadline_s
         self.last_progress = time.monotonic()
         self._stop = threading.Event()
         threading.Thread(target=self._run, name="step-watchdog", daemon=True).start()
@@ -90,9 +90,7 @@ class StepWatchdog:
                 log.error("HANG: no commit for %.0f s; the driver waits on %s; cell states %s",
                           self.deadline_s, self.group.waiting_on or "nothing (between calls)", states)
                 sys.stdout.flush()
-                for cell in self.group.cells:  # a frozen actor would outlive us otherwise
-                    for rank in cell.ranks:
-                        rank.kill()
+                self.hosts.shutdown()  # a frozen rank would outlive us otherwise
                 os._exit(3)
 
 
@@ -205,16 +203,10 @@ def _drive(spec: JobSpec) -> None:
     store = LoopbackStore(ray.util.get_node_ip_address() if spec.placement is not None else "127.0.0.1")
     store_addr = store.address
     placer = CellPlacer(spec.placement, events) if spec.placement is not None else None
+    hosts = RankHosts(spec, store_addr, spec.placement or Placement.single_node(spec.num_cells, ranks),
+                      spec.trainer.spare_cells, pinned=spec.placement is not None)
 
-    def make_ranks(c: int | None, inc: int) -> list[RankHandle]:
-        """One actor per node for cell ``c``'s ranks there (a spare, ``c`` None, is on the one node)."""
-        if placer is None:
-            return host_ranks(spec, c, list(range(ranks)), store_addr, inc)
-        handles = [handle for node_ranks, options in placer.actors_of(c, inc)
-                   for handle in host_ranks(spec, c, node_ranks, store_addr, inc, **options)]
-        return sorted(handles, key=lambda h: h.rank)
-
-    group = TrainGroup(spec.num_cells, ranks, make_ranks, events, spec.trainer, witness)
+    group = TrainGroup(spec.num_cells, ranks, hosts.team, events, spec.trainer, witness)
     if placer is not None:
         group.on_allocated = placer.log_placement
     plane = watchdog = None
@@ -234,7 +226,7 @@ def _drive(spec: JobSpec) -> None:
         if spec.control is not None and spec.control.enabled:
             plane = _start_control_plane(spec, group, events)
         if soak is not None:
-            watchdog = StepWatchdog(group, soak.step_deadline_s)
+            watchdog = StepWatchdog(group, hosts, soak.step_deadline_s)
         pending = list(rollouts)
         while pending:
             run, rollout_id = next_run(spec, pending), pending[0]
@@ -278,4 +270,5 @@ def _drive(spec: JobSpec) -> None:
             spec.side_dir.control_file.unlink(missing_ok=True)  # tells the harness to stop injecting
             plane.stop()
         group.shutdown()
+        hosts.shutdown()
         ray.shutdown()

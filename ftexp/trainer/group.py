@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import ray
+from ray.exceptions import RayTaskError
 
 from ftexp.audit.events import CellLifecycleEvent, CellReconfigureEvent, EventLogger, TrainGroupStepEndEvent
 from ftexp.audit.witness import WitnessIdAllocator, WitnessInfo, allocation_event
@@ -82,14 +83,14 @@ class TrainGroup:
         self.witness_allocator = witness_allocator
         self.quorum_id = 0
         # make_ranks(cell index, incarnation) -> one handle per rank of the cell, each called like a Ray actor
-        # (``ftexp.trainer.cell_rank.RankHandle``); a spare's ranks are made with cell index None and the
-        # spare's number in place of the incarnation.
+        # (``ftexp.trainer.cell_rank.RankHandle``), whose processes start in the background; a spare's ranks
+        # are made with cell index None and the spare's number in place of the incarnation.
         self.make_ranks, self.ranks_per_cell = make_ranks, ranks_per_cell
         self.spares = SparePool(trainer_cfg.spare_cells, lambda n: make_ranks(None, n))
         self._spare_taken: dict[int, int] = {}  # cell -> the incarnation that took a warm spare's ranks
         self.cells = [Cell(i, self._ranks_for) for i in range(num_cells)]
         self.health = None  # set by the control plane: the healed cells' checkers pause around a heal
-        self.on_allocated = None  # multi-node: called with each cell once its new actors answer (placement events)
+        self.on_allocated = None  # multi-node: called with each cell once its new ranks answer (placement events)
         self.waiting_on: dict[int, str] = {}  # cell -> the call the loop is blocked on (for hang diagnosis)
         self.departures = 0  # how many times a cell left its quorum (failed or stopped)
         self._lock = threading.RLock()  # membership changes come from the loop, the control plane and the death watch
@@ -109,8 +110,8 @@ class TrainGroup:
             self.spares.fill()  # built alongside the cells, so even an early failure finds a spare ready
         self._watch = threading.Thread(target=self._watch_deaths, name="cell-death-watch", daemon=True)
         self._watch.start()
-        # Every actor built (its replica too) before any rank starts the cross-cell rendezvous, whose timeout
-        # is short: on several nodes, or under load, one cell's actors may come up many seconds after another's.
+        # Every rank built (its replica too) before any starts the cross-cell rendezvous, whose timeout is
+        # short: on several nodes, or under load, one cell's ranks may come up many seconds after another's.
         for cell in self.cells:
             cell.execute("ping")
         refs = {c.index: c.submit("init", IndepDPInfo.for_cell(c.index, len(self.cells), 0, alive), load_rollout_id, None)
@@ -128,7 +129,7 @@ class TrainGroup:
         return results
 
     def _ranks_for(self, cell_index: int, incarnation: int) -> list[Any]:
-        """A cell's next ranks: a warm spare's if the pool has one, else new actors."""
+        """A cell's next ranks: a warm spare's if the pool has one, else new ones."""
         ranks = self.spares.take()
         if ranks is None:
             return self.make_ranks(cell_index, incarnation)
@@ -185,7 +186,7 @@ class TrainGroup:
                 self.cells[i].submit("release_collectives", quorum_id)
 
     def _watch_deaths(self) -> None:
-        """Fail a cell the moment Ray reports one of its actors dead — also between calls."""
+        """Fail a cell the moment one of its ranks' processes ends (or its host dies) — also between calls."""
         while not self._watch_stop.is_set():
             with self._lock:
                 watched = {ref: (c.index, c.incarnation) for c in self.cells if c.state in _MEMBER_STATES
@@ -199,7 +200,7 @@ class TrainGroup:
                 if not ray.is_initialized():
                     return  # Ray went down before the group (a caller that skipped shutdown)
                 raise
-            for ref in ready:  # a lifeline never returns: ready means its actor is gone
+            for ref in ready:  # a lifeline never returns: ready means its rank's process is gone
                 self._cell_failed(*watched[ref], by=_death_cause(ref))
 
     def refresh(self, rollout_id: int) -> CellReconfigureEvent | None:
@@ -237,7 +238,7 @@ class TrainGroup:
                 if self.cells[i].state == CellState.PENDING:
                     self.cells[i].allocate()
         t0 = time.monotonic()
-        # Wait until the new actors exist, so the cross-cell rendezvous does not race actor start-up.
+        # Wait until the new ranks are built, so the cross-cell rendezvous does not race their start-up.
         started = self._collect_cells({i: self.cells[i].submit("ping") for i in pending})
         if failed := [i for i, result in started.items() if isinstance(result, Exception)]:
             raise RetryableStepError(f"cells {failed} died starting up for quorum {self.quorum_id}")
@@ -442,8 +443,11 @@ class TrainGroup:
 
 
 def _death_cause(lifeline: ray.ObjectRef) -> str:
+    """Why a lifeline ended: ``RankProcessEnded`` (the rank's process ended), or Ray's error for its host's death."""
     try:
         ray.get(lifeline)
-    except Exception as e:  # ActorDiedError and kin
+    except RayTaskError as e:  # raised by the host: the rank's process ended
+        return type(e.cause).__name__
+    except Exception as e:  # ActorDiedError and kin: the host is gone
         return type(e).__name__
     return "ActorDiedError"

@@ -1,7 +1,7 @@
 """One rank of a cell: the process that holds the rank's replica, trains, reduces across cells, and heals others.
 
-It runs as a plain process, forked by its node's fork server (``ftexp.forkserver``), beside
-the rank's Ray actor (``ftexp.trainer.cell_rank``), which forwards every call to it
+It runs as a plain process, forked by its node's fork server (``ftexp.forkserver``) for its
+node's rank host, a Ray actor (``ftexp.trainer.cell_rank``), which forwards every call to it
 (``ftexp.trainer.rank_process``): no Ray runs in the process that trains.
 
 The torch engine has one rank per cell; a megatron cell has ``tp·pp·cp`` ranks that form their
@@ -369,7 +369,7 @@ class Rank:
     def _record_sections(self, rollout_id: int, attempt: int, timer: SectionTimer, total_s: float,
                          events_before: float, cpu_s: float) -> None:
         """Where this rank's step went (compute is what the named sections leave), and its CPU seconds (with its
-        actor's)."""
+        share of its host's)."""
         seconds = timer.breakdown(total_s, event_write_s=self.events.write_s - events_before)
         record_sections(self.spec.side_dir, rollout_id, attempt, self.cell_index, self.rank, dict(seconds, cpu_s=cpu_s))
 
@@ -423,7 +423,7 @@ CALL_METHODS = ("init", "reconfigure", "train", "update_weights", "save")
 
 def serve(connections: list[Connection]) -> None:
     """The rank process's main, on its (calls, control, faults) pipes: build the rank from the first call, then
-    answer calls until the actor is gone."""
+    answer calls until the host is gone (or kills this process)."""
     calls, control, faults = connections
     method, build_args = calls.recv()
     assert method == "__build__", method
@@ -435,7 +435,7 @@ def serve(connections: list[Connection]) -> None:
     while True:
         try:
             method, args = calls.recv()
-        except EOFError:  # the actor is gone
+        except EOFError:  # the host is gone
             os._exit(0)
         assert built and method in CALL_METHODS, method
         answer(calls, lambda: getattr(built[0], method)(*args), WHERE)
@@ -447,7 +447,7 @@ def _serve_control(rank: Rank, control: Connection, faults: Connection) -> None:
         for conn in wait([control, faults]):
             try:
                 request = conn.recv()
-            except EOFError:  # the actor is gone
+            except EOFError:  # the host is gone
                 os._exit(0)
             if conn is faults:
                 log.warning("injected fault: %s", request)

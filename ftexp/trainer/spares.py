@@ -1,12 +1,12 @@
 """Warm spares (``trainer.spare_cells``): whole cells' worth of ranks, built before any failure needs them.
 
-A spare is one replica's ranks, started as Ray actors that belong to no cell yet: their processes
-are up, the engine is imported (megatron-core for the megatron engine), their own process world is
+A spare is one replica's ranks, started on their node's rank host, belonging to no cell yet: their
+processes are up, the engine is imported (megatron-core for the megatron engine), their own process world is
 formed and the model and optimizer are allocated — everything a cold cell start waits for. A stopped
 cell that starts again takes a spare instead of starting processes, so its heal is only configure +
 transfer + load; the spare's ranks learn which cell they are from the heal's ``init``. The group
 tops the pool up after each commit (so a replacement's start-up does not slow the heal that used its
-predecessor); Ray starts the replacements in the background.
+predecessor); their host starts the replacements in the background.
 
 A spare that died while waiting (its ``lifeline`` call returned) is dropped when a cell asks for one.
 """
@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 class SparePool:
     def __init__(self, size: int, make_spare: Callable[[int], list[Any]]):
-        # make_spare(spare number) -> one replica's rank actors; the number keeps each spare's world apart
+        # make_spare(spare number) -> one replica's rank handles; the number keeps each spare's world apart
         self.size, self.make_spare = size, make_spare
         self.started = 0  # spares made so far (the last one's number)
         self._spares: list[tuple[list[Any], list[ray.ObjectRef]]] = []  # (ranks, their lifeline calls)

@@ -1,8 +1,8 @@
 """Cell lifecycle and group refresh rules against real Ray actors.
 
-The actors here are scripted stand-ins for an actor hosting one rank of a cell (they answer
+The actors here are scripted stand-ins for a rank host serving one rank of a cell (they answer
 init/reconfigure/train as told), reached through rank handles as the real ones are; the real
-CellRanks runs in the end-to-end scenario tests.
+RankHost runs in ``test_rank_process.py`` and the end-to-end scenario tests.
 """
 
 import os
@@ -24,7 +24,8 @@ from ftexp.trainer.group import RetryableStepError, TrainGroup
 
 @ray.remote(num_cpus=0, max_restarts=0, concurrency_groups={"heartbeat": 1, "lifeline": 1})
 class ScriptedRank:
-    """Hosts one rank: every call names it (``rank``), as it names one rank of a ``CellRanks`` actor."""
+    """Hosts one rank: every call names it (``team``, ``rank``), as it names one rank of a ``RankHost``; killing
+    the team ends the actor."""
 
     def __init__(self, cell_index: int, train: str = "normal"):
         # train: "normal"; "fail" (the cell dies mid-step); "collective" (block as in a cross-cell
@@ -36,24 +37,24 @@ class ScriptedRank:
         self.released = threading.Event()
         self.discarded = False
 
-    def ping(self, rank):
+    def ping(self, team, rank):
         return True
 
     @ray.method(concurrency_group="lifeline")
-    def lifeline(self, rank):
+    def lifeline(self, team, rank):
         threading.Event().wait()
 
-    def init(self, rank, info, load_rollout_id, recv_src_rank):
+    def init(self, team, rank, info, load_rollout_id, recv_src_rank):
         self.calls.append(("init", info.quorum_id, recv_src_rank))
         return {"ok": True, "configure_s": 0.0, "transfer_wait_s": 0.0, "transfer_s": 0.0, "load_s": 0.0, "bytes": 0,
                 "last_rollout_id": -1}
 
-    def reconfigure(self, rank, info, send_to):
+    def reconfigure(self, team, rank, info, send_to):
         self.calls.append(("reconfigure", info.quorum_id, list(send_to)))
         return {"ok": True, "configure_s": 0.0, "transfer_wait_s": 0.0, "load_s": 0.0, "bytes": 100 * len(send_to)}
 
-    def train(self, rank, rollout_ids, attempt, witnesses):
-        """As a CellRanks rank: the run's rollouts in order, stopping after the first that does not commit."""
+    def train(self, team, rank, rollout_ids, attempt, witnesses):
+        """As a RankHost rank: the run's rollouts in order, stopping after the first that does not commit."""
         self.runs.append((list(rollout_ids), attempt))
         self.witness_ids.append([w.witness_ids for w in witnesses] if witnesses is not None else None)
         trained, mark = [], time.perf_counter()
@@ -80,28 +81,32 @@ class ScriptedRank:
         return "normal"
 
     @ray.method(concurrency_group="heartbeat")
-    def release_collectives(self, rank, quorum_id):
+    def release_collectives(self, team, rank, quorum_id):
         self.calls.append(("release", quorum_id))
         self.released.set()
 
-    def get_calls(self, rank):
+    def get_calls(self, team, rank):
         return self.calls
 
-    def get_runs(self, rank):
+    def get_runs(self, team, rank):
         return self.runs
 
-    def get_witness_ids(self, rank):
+    def get_witness_ids(self, team, rank):
         return self.witness_ids
 
-    def fail(self, rank):
+    def fail(self, team, rank):
         raise RuntimeError("scripted failure")
 
-    def block(self, rank):
+    def block(self, team, rank):
         time.sleep(600)  # a rank stuck in a collective with a dead peer
 
     @ray.method(concurrency_group="heartbeat")
-    def exit(self, rank):
+    def exit(self, team, rank):
         os._exit(1)  # the process dies between the driver's calls
+
+    @ray.method(concurrency_group="heartbeat")
+    def kill(self, team):
+        os._exit(1)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -112,12 +117,12 @@ def local_ray():
 
 
 def _cell(index=0, ranks=1):
-    return Cell(index, lambda c, incarnation: [RankHandle(ScriptedRank.remote(c), r) for r in range(ranks)])
+    return Cell(index, lambda c, incarnation: [RankHandle(ScriptedRank.remote(c), f"cell{c}", r) for r in range(ranks)])
 
 
 def _scripted(cell_index, behaviour="normal"):
     """A one-rank cell's ranks: a scripted actor's handle for rank 0."""
-    return [RankHandle(ScriptedRank.remote(cell_index, behaviour), 0)]
+    return [RankHandle(ScriptedRank.remote(cell_index, behaviour), f"cell{cell_index}", 0)]
 
 
 def test_cell_transitions_and_no_ops():
@@ -273,7 +278,7 @@ def test_a_cell_dying_between_calls_is_failed_at_once_and_its_peers_released(tmp
 
 
 def _wait_until_dead(actor, timeout_s: float = 30.0) -> None:
-    """ray.kill is asynchronous: a call sent right after it may still be answered."""
+    """A kill is asynchronous: a call sent right after it may still be answered."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:

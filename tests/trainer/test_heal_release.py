@@ -1,6 +1,6 @@
 """A cell lost during a heal: the survivors leave the new quorum's rendezvous at once, and the retry heals.
 
-Real CellRanks actors (torch engine, one rank per cell) on a real TCPStore: cells 0 and 1 are
+Real ranks on a real rank host (torch engine, one rank per cell) on a real TCPStore: cells 0 and 1 are
 alive, cell 2 is healed from cell 0, and cell 1 freezes just before the reconfigure, so cells 0
 and 2 sit in quorum 1's rendezvous waiting for it. The control plane would then suspend cell 1;
 the test does so by hand and measures how long the survivors take to come back.
@@ -19,7 +19,8 @@ from ftexp.faults.plan import FaultPlan
 from ftexp.job import JobSpec
 from ftexp.rundir import SideDir
 from ftexp.trainer.cell import CellState
-from ftexp.trainer.cell_rank import host_ranks
+from ftexp.placement import Placement
+from ftexp.trainer.nodes import RankHosts
 from ftexp.trainer.local_ray import start_local_ray
 from ftexp.forkserver import forkserver
 from ftexp.trainer.rank_process import RANK_PRELOAD
@@ -32,7 +33,7 @@ FROZEN_FOR_S = 2.0           # how long the survivors wait in the rendezvous bef
 
 @pytest.fixture(scope="module", autouse=True)
 def local_ray():
-    with forkserver(RANK_PRELOAD):  # the actors' rank processes fork from it
+    with forkserver(RANK_PRELOAD):  # the ranks' processes fork from it
         start_local_ray(num_cpus=3)
         yield
         ray.shutdown()
@@ -45,8 +46,9 @@ def _group(tmp_path) -> TrainGroup:
                    mode=ModeConfig(name="dp3", num_cells=3), num_rollout=1, plan=FaultPlan([], 3))
     store = LoopbackStore()
     events = EventLogger(spec.side_dir.events, ProcessIdentity(component="main"))
-    group = TrainGroup(3, 1, lambda c, inc: host_ranks(spec, c, [0], store.address, inc), events, spec.trainer)
-    group.store = store  # keep the rendezvous store alive as long as the group
+    hosts = RankHosts(spec, store.address, Placement.single_node(3, 1), 0, pinned=False)
+    group = TrainGroup(3, 1, hosts.team, events, spec.trainer)
+    group.store, group.hosts = store, hosts  # keep the rendezvous store and the host alive as long as the group
     group.init(load_rollout_id=None)
     return group
 
@@ -112,6 +114,7 @@ def test_a_cell_lost_mid_heal_releases_the_survivors_at_once_and_the_retry_heals
             [(2, "stopped"), (2, "start_requested"), (1, "stopped")]
     finally:
         group.shutdown()
+        group.hosts.shutdown()
 
 
 def test_the_control_plane_finds_a_cell_that_freezes_before_a_heal_and_the_heal_goes_on(tmp_path):
@@ -155,3 +158,4 @@ def test_the_control_plane_finds_a_cell_that_freezes_before_a_heal_and_the_heal_
     finally:
         plane.stop()
         group.shutdown()
+        group.hosts.shutdown()

@@ -1,9 +1,10 @@
-"""A rank's actor and the plain process that trains for it live and die together.
+"""A node's rank host and the plain processes its ranks train in.
 
-Real CellRanks actors (torch engine) on a local Ray: the rank's replica is in a child process of the
-actor, with no Ray inside; a call's error comes back as itself; the actor ends when the rank's
-process does, whatever killed it, and the rank's process ends when its actor does. An actor hosting
-two ranks trains each beside the other, and one rank's death ends both.
+Real rank hosts (torch engine) on a local Ray: each rank's replica is in a child process of the
+node's fork server, with no Ray inside; a call's error comes back as itself. A rank's process that
+ends, whatever ended it, takes its team (a cell incarnation's ranks on the node) with it and nothing
+else: the host goes on serving the other teams, even beside a frozen rank. The host's death ends all
+of its ranks' processes.
 """
 
 import os
@@ -21,8 +22,10 @@ from ftexp.errors import RunDirError
 from ftexp.rundir import SideDir
 from ftexp.store import LoopbackStore
 from ftexp.trainer.quorum import IndepDPInfo
-from ftexp.trainer.cell_rank import host_ranks
-from ftexp.trainer.rank_process import RANK_PRELOAD, WHERE
+from ftexp.placement import Placement
+from ftexp.trainer.cell_rank import RankHandle, start_host
+from ftexp.trainer.nodes import RankHosts
+from ftexp.trainer.rank_process import RANK_PRELOAD, WHERE, RankProcessEnded
 from ftexp.trainer.local_ray import start_local_ray
 from ftexp.forkserver import answer, forkserver
 from ftexp.trainer.weight_order import WeightPush
@@ -32,42 +35,55 @@ DIES_WITHIN_S = 30.0
 
 @pytest.fixture(scope="module", autouse=True)
 def local_ray():
-    with forkserver(RANK_PRELOAD) as address:  # the actors' rank processes fork from it
+    with forkserver(RANK_PRELOAD) as address:  # the ranks' processes fork from it
         start_local_ray(num_cpus=2)
         yield address
         ray.shutdown()
 
 
-def _ranks(tmp_path, ranks: list[int]):
-    """Handles for ``ranks``, hosted by one actor (torch engine: each rank builds a replica of its own), and
-    the store they rendezvous on, which the caller keeps alive."""
-    spec = JobSpec(side="target", phase="", side_dir=SideDir(tmp_path), data_dir=tmp_path / "data",
+def _spec(tmp_path) -> JobSpec:
+    return JobSpec(side="target", phase="", side_dir=SideDir(tmp_path), data_dir=tmp_path / "data",
                    trainer=TrainerConfig(engine=Engine.torch, enable_witness=False),
                    mode=ModeConfig(name="dp1", num_cells=1), num_rollout=1, plan=FaultPlan([], 1))
+
+
+@pytest.fixture
+def host():
+    """A rank host for up to four ranks at once, killed after the test (its ranks' processes with it)."""
+    actor = start_host("node0", 4, 4)
+    yield actor
+    ray.kill(actor, no_restart=True)
+
+
+def _team(host, tmp_path, team: str, ranks: list[int]):
+    """Handles for ``ranks`` of a new team on ``host`` (torch engine: each rank builds a replica of its own), and
+    the store they rendezvous on, which the caller keeps alive."""
     store = LoopbackStore()
-    handles = host_ranks(spec, 0, ranks, store.address, 0)
+    host.start.remote(team, _spec(tmp_path / team), 0, ranks, store.address, 0)
+    handles = [RankHandle(host, team, r) for r in ranks]
     ray.get([h.ping.remote() for h in handles], timeout=120)
     return handles, store
 
 
 @pytest.fixture
-def rank(tmp_path):
-    [handle], _store = _ranks(tmp_path, [0])  # the store lives as long as this frame: the test's length
+def rank(host, tmp_path):
+    [handle], _store = _team(host, tmp_path, "cell0.inc1", [0])  # the store lives as long as this frame
     yield handle
     handle.kill()
 
 
-def _actor_and_children(handle) -> tuple[psutil.Process, list[psutil.Process]]:
-    """The actor's process and its ranks' processes, in rank order."""
-    actor_pid, pids = ray.get(handle.actor.__ray_call__.remote(
-        lambda actor: (os.getpid(), [actor.processes[r].child.pid for r in sorted(actor.processes)])))
-    return psutil.Process(actor_pid), [psutil.Process(pid) for pid in pids]
+def _host_and_children(handle) -> tuple[psutil.Process, list[psutil.Process]]:
+    """The host's process and the processes of the handle's team, in rank order."""
+    host_pid, pids = ray.get(handle.host.__ray_call__.remote(
+        lambda host, team: (os.getpid(), [host._teams[team].processes[r].child.pid
+                                          for r in sorted(host._teams[team].processes)]), handle.team))
+    return psutil.Process(host_pid), [psutil.Process(pid) for pid in pids]
 
 
 def _processes(handle) -> tuple[psutil.Process, psutil.Process]:
-    """The actor's process and the rank's process (its only one)."""
-    parent, [child] = _actor_and_children(handle)
-    return parent, child
+    """The host's process and the rank's process (its team's only one)."""
+    host, [child] = _host_and_children(handle)
+    return host, child
 
 
 def _dead(process: psutil.Process, within_s: float = DIES_WITHIN_S) -> bool:
@@ -155,45 +171,84 @@ def test_an_error_reaches_the_actor_as_a_type_it_holds(error, arrives_as, says):
     assert "in the rank's process" in (str(sent) + "".join(getattr(sent, "__notes__", [])))
 
 
+def _ended_with_its_team(call) -> None:
+    """``call()``'s result raises ``RankProcessEnded`` (the host answers for the rank: its process has ended)."""
+    with pytest.raises(ray.exceptions.RayTaskError) as raised:
+        ray.get(call(), timeout=DIES_WITHIN_S)
+    assert isinstance(raised.value.cause, RankProcessEnded), raised.value
+
+
 @pytest.mark.parametrize("mode", ["sigkill", "exit", "segfault"])
-def test_the_actor_dies_with_its_rank_process(rank, mode):
-    actor, child = _processes(rank)
+def test_a_rank_process_that_dies_fails_its_lifeline_and_the_host_serves_on(rank, host, tmp_path, mode):
+    [other], _store = _team(host, tmp_path, "cell1.inc1", [0])
+    host_process, child = _processes(rank)
     lifeline = rank.lifeline.remote()
     rank.inject_fault.remote(mode)
     assert _dead(child), f"the rank's process survived an injected {mode}"
-    assert _dead(actor), "the actor outlived its rank's process"
+    _ended_with_its_team(lambda: lifeline)
+    _ended_with_its_team(rank.ping.remote)  # and every call after it
+    assert host_process.is_running(), "the host died with one of its ranks"
+    assert set(ray.get(other.heartbeat.remote(), timeout=30)) == {"last_active_timestamp", "bump_count"}
+    other.kill()
+
+
+def test_a_frozen_rank_holds_up_no_other_team_and_dies_when_killed(rank, host, tmp_path):
+    [other], _store = _team(host, tmp_path, "cell1.inc1", [0])
+    host_process, child = _processes(rank)
+    rank.inject_fault.remote("deadlock")
+    assert _stops_answering(rank), "the frozen rank's heartbeat kept answering"
+    # Its unanswered heartbeats hold some of the host's threads; the other team's are answered meanwhile.
+    for _ in range(3):
+        ray.get(other.heartbeat.remote(), timeout=10)
+    assert child.is_running()
+    rank.kill()
+    assert _dead(child), "the frozen rank's process outlived its kill"
+    _ended_with_its_team(rank.heartbeat.remote)
+    assert host_process.is_running()
+    ray.get(other.save.remote(0), timeout=60)
+    other.kill()
+
+
+def test_a_team_of_two_trains_each_beside_the_other_and_dies_with_either(host, tmp_path):
+    handles, _store = _team(host, tmp_path, "cell0.inc1", [0, 1])
+    first, second = handles
+    host_process, children = _host_and_children(first)
+    assert len(children) == 2
+    assert [set(beat) for beat in ray.get([h.heartbeat.remote() for h in handles], timeout=30)] == \
+        [{"last_active_timestamp", "bump_count"}] * 2
+    # Rank 0 frozen in a call holds one of the host's training threads; rank 1's calls go on.
+    first.inject_fault.remote("deadlock")
+    assert _stops_answering(first, call=lambda: first.save.remote(0))
+    ray.get(second.save.remote(0), timeout=60)
+    lifelines = [h.lifeline.remote() for h in handles]
+    second.inject_fault.remote("exit")
+    assert all(_dead(child) for child in children), "a rank's process outlived its teammate's"
+    for lifeline in lifelines:
+        _ended_with_its_team(lambda: lifeline)
+    assert host_process.is_running()
+
+
+def test_the_host_ends_its_ranks_processes_when_it_dies(rank, host, tmp_path):
+    host_process, child = _processes(rank)
+    lifeline = rank.lifeline.remote()
+    ray.kill(host, no_restart=True)
+    assert _dead(host_process) and _dead(child), "a rank's process outlived its host"
     with pytest.raises(ray.exceptions.RayActorError):
         ray.get(lifeline, timeout=DIES_WITHIN_S)
 
 
-def test_a_frozen_rank_process_answers_no_heartbeat_and_dies_with_its_actor(rank):
-    actor, child = _processes(rank)
-    rank.inject_fault.remote("deadlock")
-    assert _stops_answering(rank), "the frozen rank's heartbeat kept answering"
-    assert child.is_running() and actor.is_running()
-    rank.kill()
-    assert _dead(actor)
-    assert _dead(child), "the frozen rank's process outlived its actor"
-
-
-def test_an_actor_hosting_two_ranks_serves_each_beside_the_other_and_dies_with_either(tmp_path):
-    handles, _store = _ranks(tmp_path, [0, 1])
-    first, second = handles
+def test_the_driver_starts_another_host_once_a_node_s_host_is_gone(tmp_path):
+    store = LoopbackStore()
+    hosts = RankHosts(_spec(tmp_path), store.address, Placement.single_node(2, 1), 0, pinned=False)
     try:
-        actor, children = _actor_and_children(first)
-        assert len(children) == 2 and second.actor == first.actor
-        assert [set(beat) for beat in ray.get([h.heartbeat.remote() for h in handles], timeout=30)] == \
-            [{"last_active_timestamp", "bump_count"}] * 2
-        # Rank 0 frozen in a call holds one of the actor's training threads; rank 1's calls go on.
-        first.inject_fault.remote("deadlock")
-        assert _stops_answering(first, call=lambda: first.save.remote(0))
-        ray.get(second.save.remote(0), timeout=60)
-        lifelines = [h.lifeline.remote() for h in handles]
-        second.inject_fault.remote("exit")
-        assert _dead(actor), "the actor outlived one of its ranks' processes"
-        assert all(_dead(child) for child in children), "a rank's process outlived its actor"
-        for lifeline in lifelines:
-            with pytest.raises(ray.exceptions.RayActorError):
-                ray.get(lifeline, timeout=DIES_WITHIN_S)
+        [first] = hosts.team(0, 1)
+        assert ray.get(first.ping.remote(), timeout=120)
+        [second] = hosts.team(1, 1)
+        assert second.host == first.host  # one host per node
+        ray.kill(first.host, no_restart=True)
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(first.ping.remote(), timeout=DIES_WITHIN_S)
+        [again] = hosts.team(0, 2)
+        assert again.host != first.host and ray.get(again.ping.remote(), timeout=120)
     finally:
-        first.kill()
+        hosts.shutdown()

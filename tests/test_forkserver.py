@@ -1,6 +1,6 @@
 """The fork server: a forked child runs the target it was asked for, takes the asker's descriptors and
-environment, its end reaches the asker as its exit code, and it outlives neither the asker (even
-frozen) nor the server.
+environment, its end reaches the asker as its exit code, the asker can have it killed, and it
+outlives neither the asker (even frozen) nor the server.
 
 The server here is the real ``ForkServer`` loop in a process of its own, forking a small target
 defined below instead of a rank's or an engine's; the asker is this test process or a child of it.
@@ -133,6 +133,19 @@ def test_a_frozen_child_dies_with_its_asker(tmp_path, server):
         asker.kill()
         asker.wait()
     assert _dead(child_pid), "the frozen child outlived the process it was forked for"
+
+
+def test_a_kill_ends_a_frozen_child_and_its_asker_lives_on(server):
+    first, _ = _ask(dict(os.environ))
+    second, calls = _ask(dict(os.environ))
+    os.kill(first.pid, signal.SIGSTOP)
+    assert _stopped(first.pid), "the child did not stop"
+    first.kill()
+    assert _dead(first.pid), "the killed child lives on"
+    assert first.wait() == -signal.SIGKILL
+    first.kill()  # a no-op once it has ended
+    calls.send("who")  # the asker's other child, and the server, go on
+    assert calls.recv()[0] == second.pid
 
 
 def test_the_children_die_with_the_server(server):

@@ -65,7 +65,7 @@ class RankHost:
         self.ranks_sharing = ranks_sharing
         self._teams: dict[str, Team] = {}
         self._gone: dict[str, str] = {}  # team -> how it ended, once every process of it has
-        self._changed = threading.Condition()  # a team was added
+        self._changed = threading.Condition()  # guards both; notified when a team is added
 
     @ray.method(concurrency_group="start")
     def start(self, team: str, spec: JobSpec, cell_index: int | None, ranks: list[int], store_addr: str,
@@ -84,7 +84,8 @@ class RankHost:
             for r in ranks:
                 if members.killed:
                     raise RankProcessEnded(f"team {team} was killed while it started")
-                members.processes[r] = RankProcess(self.ranks_sharing, lambda how, r=r: self._ended(team, r, how))
+                members.processes[r] = RankProcess(self.ranks_sharing,
+                                                   lambda how, r=r: self._ended(team, members, r, how))
             with ThreadPoolExecutor(len(ranks)) as pool:
                 list(pool.map(lambda r: members.processes[r].build(spec, cell_index, r, store_addr, incarnation,
                                                                    node_ip), ranks))
@@ -105,15 +106,14 @@ class RankHost:
         for process in list(members.processes.values()):
             process.kill()
 
-    def _ended(self, team: str, rank: int, how: str) -> None:
+    def _ended(self, team: str, members: Team, rank: int, how: str) -> None:
         """One of ``team``'s processes ended: the others end too. A team whose every process has ended is kept
         only as its name and how it ended; its processes' pipes close once no call holds them."""
-        members = self._teams[team]
         log.warning("team %s: rank %d's process ended (%s)%s", team, rank, how,
                     "" if members.killed else "; killing its team's other ranks")
         self.kill(team)
         with self._changed:
-            if (team in self._teams and members.built.is_set()
+            if (self._teams.get(team) is members and members.built.is_set()
                     and all(p.ended.is_set() for p in members.processes.values())):
                 self._gone[team] = f"rank {rank}'s process last, {how}"
                 del self._teams[team]

@@ -155,9 +155,13 @@ def next_run(spec: JobSpec, pending: list[int]) -> list[int]:
 
     The audit runs at a run's edges: the analyzer checks the events of the run before, and the group hands out
     the witness ids of all its rollouts before its first; so a run's ids must fit in what the witness ring
-    allows between two commits."""
+    allows between two commits. The rollout right after a test action that stops or starts cells is a run of its
+    own: its refresh shrinks or heals the group, and that quorum's first commit then reaches the driver at once,
+    not after a whole run."""
     if (spec.live_rollout or spec.soak is not None
             or (spec.control is not None and spec.control.enabled) or spec.trainer.negative_control is not None):
+        return pending[:1]
+    if spec.plan.group_actions_after(pending[0] - 1):
         return pending[:1]
     longest = spec.trainer.rollouts_per_call
     if spec.trainer.witness_on:

@@ -97,7 +97,7 @@ def test_a_job_that_failed_on_bad_input_is_found_in_its_log(tmp_path):
     log = tmp_path / "train.log"
     log.write_text("\n".join([
         "[12:00:00] ftexp.trainer.driver: starting",
-        "ray.exceptions.RayTaskError(RunDirError): ray::CellRanks.init() (pid=1, ip=127.0.0.1)",
+        "ray.exceptions.RayTaskError(RunDirError): ray::RankHost.init() (pid=1, ip=127.0.0.1)",
         "  File \"/x/checkpoint.py\", line 55, in load_rank_state",
         "ftexp.errors.RunDirError: corrupt checkpoint file /r/target/phase_a/ckpt/iter_0000001/state.pt: "
         "UnpicklingError: invalid load key, 'x'.",

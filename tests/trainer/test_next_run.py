@@ -33,6 +33,9 @@ def test_a_run_ends_after_a_rollout_that_something_follows(tmp_path):
     # The audit runs at a run's edges (the analyzer before each call, every rollout's witness ids handed out
     # before the run's first): it leaves the runs as they were.
     assert _runs(dataclasses.replace(spec, trainer=TrainerConfig(enable_witness=True))) == [[0, 1, 2], [3], [4, 5, 6, 7]]
+    # The rollout after a stop or a start trains alone: its quorum's first commit reaches the driver at once.
+    start = TestAction(at_rollout=1, action=TestActionKind.start_cell_at_end)
+    assert _runs(dataclasses.replace(spec, plan=FaultPlan([start], 2))) == [[0, 1], [2], [3], [4, 5, 6, 7]]
     for changed in (dict(trainer=dataclasses.replace(spec.trainer, negative_control=NegativeControl.double_apply_retry)),
                     dict(trainer=dataclasses.replace(spec.trainer, rollouts_per_call=1)),
                     dict(soak=SoakConfig()), dict(control=ControlConfig(enabled=True)),

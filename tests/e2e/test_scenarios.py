@@ -307,8 +307,8 @@ def test_with_the_audit_off_the_report_names_the_checks_it_did_not_run(runs, tmp
 
 def test_with_the_audit_off_runs_of_rollouts_keep_the_crash_and_heal_matching(tmp_path):
     """Audit off, the driver trains consecutive rollouts in one call per rank: rollouts 1 and 2 (a test action
-    follows 2), then 3..5. The crash at rollout 2 ends the first run's attempt 0 after rollout 1 committed; the
-    shrink, the heal and the comparison come out as with the audit on."""
+    follows 2), then 3 alone (its refresh heals), then 4 and 5. The crash at rollout 2 ends the first run's attempt
+    0 after rollout 1 committed; the shrink, the heal and the comparison come out as with the audit on."""
     run_dir, result = _run(tmp_path, "audit_off", "mode=dp2", "scenario=with_failure", "trainer.audit=false")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = _report(run_dir)

@@ -52,9 +52,10 @@ class Team:
         self.killed = False
 
 
-# Heartbeats, releases, fault injection and kills are in "control", lifelines in "lifeline" and team
-# starts in "start", so each is served while training calls are blocked (e.g. in a collective waiting
-# for a dead peer). ``start_host`` sizes every group.
+# Heartbeats, releases and fault injection are in "control", kills in "kill", lifelines in "lifeline"
+# and team starts in "start", so each is served while training calls are blocked (e.g. in a collective
+# waiting for a dead peer), and a kill while a frozen rank's unanswered calls hold control threads.
+# ``start_host`` sizes every group.
 class RankHost:
     """Every rank on one node: ``node_name`` names it in the log; ``ranks_sharing`` is how many ranks train on
     it at once (its cells' ranks), whose processes share the host's CPU in their accounting."""
@@ -96,7 +97,7 @@ class RankHost:
         finally:
             members.built.set()
 
-    @ray.method(concurrency_group="control")
+    @ray.method(concurrency_group="kill")
     def kill(self, team: str) -> None:
         """SIGKILL every process of ``team`` (a no-op for those already ended), frozen ones too."""
         members = self._teams.get(team)
@@ -195,7 +196,8 @@ def _host_class(threads: int) -> Any:
     """``RankHost`` as a Ray actor class with ``threads`` threads per group (Ray sizes the groups per class, not
     per actor)."""
     return ray.remote(num_cpus=0, max_restarts=0, max_concurrency=threads,  # the training calls'
-                      concurrency_groups={"control": threads, "lifeline": threads + 1, "start": threads})(RankHost)
+                      concurrency_groups={"control": threads, "kill": threads, "lifeline": threads + 1,
+                                          "start": threads})(RankHost)
 
 
 class RankHandle:

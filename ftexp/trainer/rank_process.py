@@ -40,6 +40,7 @@ RANK_PRELOAD = ("ftexp.trainer.rank", "torch._dynamo")  # a torch optimizer impo
 RANKS_SHARING_HOST_ENV = "FTEXP_RANKS_SHARING_HOST"  # how many ranks' processes the rank's host serves
 WHERE = "the rank's process"  # where a call ran, in the note an error carries back
 ENDED_REPORT_WAIT_S = 5.0  # the fork server reports a process's end right after its pipes close
+CONTROL_WAIT_S = 5.0  # a healthy process answers a control call in milliseconds
 
 
 class RankProcessEnded(Exception):
@@ -92,9 +93,16 @@ class RankProcess:
         return ask(self.calls, (method, args), self.ended_error)
 
     def ask_control(self, method: str, *args: Any) -> Any:
-        """A control call, answered by the rank process's control thread even while a call trains."""
-        with self._control_lock:
+        """A control call, answered by the rank process's control thread even while a call trains. One waits at
+        most ``CONTROL_WAIT_S`` for the one before to be answered (``TimeoutError``), so a frozen process's
+        unanswered calls hold only a few of the host's threads until it is killed."""
+        if not self._control_lock.acquire(timeout=CONTROL_WAIT_S):
+            raise TimeoutError(f"{WHERE} (pid {self.child.pid}) has not answered a control call for "
+                               f"{CONTROL_WAIT_S:g} s")
+        try:
             return ask(self.control, (method, args), self.ended_error)
+        finally:
+            self._control_lock.release()
 
     def inject_fault(self, mode: str) -> None:
         try:

@@ -120,7 +120,7 @@ class RankHosts:
         if known is not None:
             host, until_gone, ray_node = known
             gone, _ = ray.wait([until_gone], timeout=0)
-            if not gone and (ray_node is None or ray_node in alive_nodes().values()):
+            if not gone and (ray_node is None or ray_node in _alive_node_ids()):
                 return host
             log.warning("node %d's rank host is gone; starting another", node)
         cells_ranks = sum(nodes.count(node) for nodes in self.placement.rank_nodes)

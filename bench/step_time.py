@@ -36,7 +36,8 @@ so fixed costs and per-byte costs show apart; with ``--heal``, a megatron mode a
 ~15x the bytes of its own (``wide_moe_5layer``), whose transfer is mostly bytes, not per-message costs.
 A last table holds the run's figures against the bounds fault tolerance is held to (step ratios; with a
 spare, the crash → the next commit, the cell's restart → its first commit, and the crash → the commit with
-the cell back, which in this plan spans both; transfer rate), each marked met or not. Everything of one invocation
+the cell back less the two rollouts' training it spans in this plan, the whole way shown beside it; transfer
+rate), each marked met or not. Everything of one invocation
 runs on the same machine, its run dirs in memory (``/dev/shm``) where the host has it, so that no side's
 dumps wait on the disk writing back the other's; results go to ``bench/results/<name>.json`` and ``.md``
 (``latest.md`` too).

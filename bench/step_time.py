@@ -133,16 +133,21 @@ def step_sections(side_root: Path) -> list[dict]:
     return [json.loads(ln) for p in sorted(side_root.glob("**/step_sections.jsonl")) for ln in p.read_text().splitlines()]
 
 
+def committed_ranks(sections: list[dict], rollout_id: int) -> list[dict]:
+    """A rollout's sections of every rank in its last attempt, the one that committed (none if never trained)."""
+    ranks = [s for s in sections if s["step"] == rollout_id]
+    return [s for s in ranks if s["attempt"] == max(r["attempt"] for r in ranks)]
+
+
 def with_breakdown(side_root: Path, rows: list[dict]) -> list[dict]:
     """Each driver perf row plus its rollout's slowest rank per section (``step_sections.jsonl``)."""
     sections = step_sections(side_root)
     out = []
     for row in rows:
-        ranks = [s for s in sections if s["step"] == row["step"]]
-        if not ranks:
+        committed = committed_ranks(sections, row["step"])
+        if not committed:
             out.append(row)
             continue
-        committed = [s for s in ranks if s["attempt"] == max(r["attempt"] for r in ranks)]
         slowest = {k: max(s.get(k, 0.0) for s in committed) for k in (*SECTIONS, "total_s") if k not in row}
         slowest["driver_rest_s"] = row["step_time_s"] - row.get("analyzer_s", 0.0) - slowest.pop("total_s")
         out.append({**slowest, **row})
@@ -152,23 +157,19 @@ def with_breakdown(side_root: Path, rows: list[dict]) -> list[dict]:
 def cpu_per_step(side_root: Path, rows: list[dict]) -> float | None:
     """Median over the committed rollouts of the side's CPU seconds: its ranks' (every rank of the committed
     attempt, ``step_sections.jsonl``) plus the driver's (``perf.jsonl``, target only)."""
-    sections = step_sections(side_root)
+    timed = [s for s in step_sections(side_root) if "cpu_s" in s]
     per_step = []
     for row in rows:
-        ranks = [s for s in sections if s["step"] == row["step"] and "cpu_s" in s]
-        if ranks:
-            last = max(s["attempt"] for s in ranks)
-            per_step.append(sum(s["cpu_s"] for s in ranks if s["attempt"] == last) + row.get("cpu_s", 0.0))
+        committed = committed_ranks(timed, row["step"])
+        if committed:
+            per_step.append(sum(s["cpu_s"] for s in committed) + row.get("cpu_s", 0.0))
     return statistics.median(per_step) if per_step else None
 
 
-def training_s(side_root: Path, rollout_id: int) -> float | None:
+def training_s(sections: list[dict], rollout_id: int) -> float | None:
     """A rollout's own training: its committed attempt's slowest rank, from loading the rollout to the commit."""
-    ranks = [s for s in step_sections(side_root) if s["step"] == rollout_id]
-    if not ranks:
-        return None
-    last = max(s["attempt"] for s in ranks)
-    return max(s["total_s"] for s in ranks if s["attempt"] == last)
+    committed = committed_ranks(sections, rollout_id)
+    return max(s["total_s"] for s in committed) if committed else None
 
 
 class RunFailed(Exception):
@@ -368,7 +369,8 @@ def heal_row(mode: str, spare_cells: int, model: str | None = None) -> dict:
             raise RunFailed(f"{verdict_of(report)}; the report holds no shrink and heal to time")
         # The way back spans two rollouts' training: the survivors' retry of the crashed one, and the healed
         # quorum's first. What is left of it is the recovery's own: detection, reconfigures, round trips.
-        trained = [training_s(run_dir / "target", r) for r in (shrink["rollout_id"], heal["rollout_id"])]
+        sections = step_sections(run_dir / "target")
+        trained = [training_s(sections, r) for r in (shrink["rollout_id"], heal["rollout_id"])]
         way_back = heal.get("fault_to_commit_s")
         trained_s = None if way_back is None or None in trained else sum(trained)
         return {"mode": mode, "model": model or "mode's", "spare_cells": spare_cells, "verdict": verdict_of(report),

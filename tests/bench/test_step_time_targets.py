@@ -157,6 +157,7 @@ def test_a_rollouts_training_is_its_committed_attempts_slowest_rank(tmp_path):
         json.dumps({"step": step, "attempt": attempt, "cell": cell, "rank": rank, "total_s": total}) + "\n"
         for step, attempt, cell, rank, total in [(1, 0, 0, 0, 1.0), (2, 0, 0, 0, 9.0), (2, 0, 1, 0, 8.0),
                                                  (2, 1, 0, 0, 2.5), (2, 1, 0, 1, 2.75)]))
-    assert step_time.training_s(tmp_path / "target", 2) == 2.75
-    assert step_time.training_s(tmp_path / "target", 1) == 1.0
-    assert step_time.training_s(tmp_path / "target", 3) is None  # never trained: no figure, not zero
+    sections = step_time.step_sections(tmp_path / "target")
+    assert step_time.training_s(sections, 2) == 2.75
+    assert step_time.training_s(sections, 1) == 1.0
+    assert step_time.training_s(sections, 3) is None  # never trained: no figure, not zero
